@@ -1,0 +1,167 @@
+"""SeD request queue: a pure scheduler plus pluggable ordering policies.
+
+The :class:`SedScheduler` keeps the waiting and running requests of one SeD.
+After every change it asks its policy for the full ordering of all requests
+(running and waiting); the first ``max_concurrent`` of that ordering should be
+running. The difference with what *is* running gives the actions:
+:class:`Start` for requests entering the front and :class:`Kill` for running
+requests pushed out of it (preemption). FCFS never preempts because it puts
+running requests first.
+
+Policies are small classes behind :class:`QueuePolicy`, registered by name in
+:data:`POLICIES` (``fcfs`` here, ``ethic`` in :mod:`gridrpc.core.queue_ethic`).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import ClassVar, Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """One call as the queue sees it."""
+    id: str
+    user: str
+    service: str
+    optional: bool = False
+    submitted: float = 0.0          # time the SeD received it
+    seq: int = 0                    # arrival order on this SeD (tie-break for equal times)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    request_id: str
+    reason: str = "preempted"
+
+
+Action = Start | Kill
+
+
+class QueuePolicy(Protocol):
+    """Orders requests; the first ``max_concurrent`` of the order run.
+
+    ``running`` maps request id -> start time for requests currently running.
+    ``allocated`` maps user -> server-seconds already given to that user on this
+    SeD (finished and killed work, plus the elapsed time of running requests).
+    ``rng`` is seeded by the runtime; use it for random tie-breaks.
+    """
+    name: ClassVar[str]
+
+    def order(self, requests: Sequence[Request], running: Mapping[str, float],
+              allocated: Mapping[str, float], now: float,
+              rng: random.Random) -> list[Request]: ...
+
+
+class FCFSPolicy:
+    """First come, first served: running requests first (never preempted),
+    then waiting requests by arrival. Optional requests are treated like any
+    other. Simple and predictable; unfair when one user floods the queue."""
+    name: ClassVar[str] = "fcfs"
+
+    def order(self, requests, running, allocated, now, rng):
+        return sorted(requests, key=lambda r: (r.id not in running,
+                                               running.get(r.id, 0.0), r.submitted, r.seq))
+
+
+POLICIES: dict[str, type] = {"fcfs": FCFSPolicy}
+
+
+def register_policy(cls: type) -> type:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str) -> QueuePolicy:
+    # import for registration side effects of the built-in policies
+    from . import queue_ethic  # noqa: F401
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown queue policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+
+
+@dataclass
+class SedScheduler:
+    """The queue of one SeD. Pure: call with ``now``, apply the returned actions."""
+    policy: QueuePolicy
+    max_concurrent: int = 1
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    requests: dict[str, Request] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)      # id -> start time
+    allocated: dict[str, float] = field(default_factory=dict)    # user -> server-seconds (closed work)
+    _seq: int = 0
+    seen: set[str] = field(default_factory=set)
+
+    # -- inputs ---------------------------------------------------------
+    def submit(self, req: Request, now: float) -> list[Action]:
+        """Add a request. Duplicate ids are ignored (a SeD never runs an id twice)."""
+        if req.id in self.seen:
+            return []
+        self.seen.add(req.id)
+        self._seq += 1
+        if req.seq == 0:
+            req = Request(id=req.id, user=req.user, service=req.service, optional=req.optional,
+                          submitted=req.submitted, seq=self._seq)
+        self.requests[req.id] = req
+        return self._reschedule(now)
+
+    def finished(self, request_id: str, now: float) -> list[Action]:
+        """A running request ended (success or failure)."""
+        self._close(request_id, now)
+        return self._reschedule(now)
+
+    def cancel(self, request_id: str, now: float) -> list[Action]:
+        """Client cancelled: a waiting request is removed; a running one is killed."""
+        if request_id not in self.requests:
+            return []
+        actions: list[Action] = []
+        if request_id in self.running:
+            actions.append(Kill(request_id, "cancelled"))
+        self._close(request_id, now)
+        return actions + self._reschedule(now)
+
+    # -- queries --------------------------------------------------------
+    def waiting(self) -> list[Request]:
+        return [r for rid, r in self.requests.items() if rid not in self.running]
+
+    def user_allocation(self, now: float) -> dict[str, float]:
+        alloc = dict(self.allocated)
+        for rid, start in self.running.items():
+            u = self.requests[rid].user
+            alloc[u] = alloc.get(u, 0.0) + max(0.0, now - start)
+        return alloc
+
+    def statistics(self) -> dict:
+        return {"policy": self.policy.name, "max_concurrent": self.max_concurrent,
+                "num_running": len(self.running),
+                "num_waiting": len(self.requests) - len(self.running),
+                "allocated": dict(self.allocated)}
+
+    # -- internals ------------------------------------------------------
+    def _close(self, request_id: str, now: float) -> None:
+        req = self.requests.pop(request_id, None)
+        start = self.running.pop(request_id, None)
+        if req is not None and start is not None:
+            self.allocated[req.user] = self.allocated.get(req.user, 0.0) + max(0.0, now - start)
+
+    def _reschedule(self, now: float) -> list[Action]:
+        if not self.requests:
+            return []
+        order = self.policy.order(list(self.requests.values()), self.running,
+                                  self.user_allocation(now), now, self.rng)
+        front = {r.id for r in order[: self.max_concurrent]}
+        actions: list[Action] = []
+        for rid in [rid for rid in self.running if rid not in front]:
+            actions.append(Kill(rid, "preempted"))
+            self._close(rid, now)
+        for r in order[: self.max_concurrent]:
+            if r.id not in self.running:
+                self.running[r.id] = now
+                actions.append(Start(r.id))
+        return actions

@@ -1,0 +1,1 @@
+"""Placeholder: the fair optional-computation policy lands here (issue 4)."""

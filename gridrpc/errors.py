@@ -1,0 +1,102 @@
+"""The gridrpc exception tree.
+
+::
+
+    GridRPCError
+    ├── ConfigError               bad or missing configuration
+    ├── ProtocolError             malformed message, wrong version, unknown type
+    ├── ServiceNotFound           no server in the tree offers the service
+    ├── NoServerAvailable         the service exists but no server answered / all failed
+    ├── CommunicationError        a peer could not be reached or vanished
+    ├── Timeout (also TimeoutError)
+    ├── CallCancelled             the call was cancelled (work stopped on the server)
+    ├── MessageTooLarge           a message exceeds the configured maximum size
+    ├── InvalidArgument           a value gridrpc cannot send (object arrays, ...)
+    └── RemoteError               the service raised; .remote_type, .remote_traceback
+        └── WorkerDied            the worker process running the call died
+
+Transport errors are translated to these in one place (``gridrpc.transport``).
+"""
+from __future__ import annotations
+
+
+class GridRPCError(Exception):
+    """Root of every gridrpc error."""
+
+
+class ConfigError(GridRPCError):
+    pass
+
+
+class ProtocolError(GridRPCError):
+    pass
+
+
+class ServiceNotFound(GridRPCError):
+    pass
+
+
+class NoServerAvailable(GridRPCError):
+    pass
+
+
+class CommunicationError(GridRPCError):
+    pass
+
+
+class Timeout(GridRPCError, TimeoutError):
+    pass
+
+
+class CallCancelled(GridRPCError):
+    pass
+
+
+class MessageTooLarge(GridRPCError):
+    pass
+
+
+class InvalidArgument(GridRPCError, TypeError):
+    pass
+
+
+class RemoteError(GridRPCError):
+    """The remote service raised. ``remote_type`` is the exception's type name,
+    ``remote_traceback`` the formatted traceback text on the server."""
+
+    def __init__(self, message: str, *, remote_type: str = "Exception",
+                 remote_traceback: str = "", server: str | None = None):
+        super().__init__(f"{remote_type}: {message}")
+        self.remote_message = message
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+        self.server = server
+
+
+class WorkerDied(RemoteError):
+    """The worker process running the call exited or crashed."""
+
+
+# wire error kinds -> exception classes (used by the client to rebuild errors)
+ERROR_KINDS: dict[str, type[GridRPCError]] = {
+    "remote": RemoteError,
+    "worker_died": WorkerDied,
+    "service_not_found": ServiceNotFound,
+    "no_server": NoServerAvailable,
+    "cancelled": CallCancelled,
+    "protocol": ProtocolError,
+    "too_large": MessageTooLarge,
+    "invalid_argument": InvalidArgument,
+    "communication": CommunicationError,
+    "timeout": Timeout,
+}
+
+
+def error_from_wire(err: dict, server: str | None = None) -> GridRPCError:
+    kind = err.get("kind", "remote")
+    msg = str(err.get("message", ""))
+    cls = ERROR_KINDS.get(kind, GridRPCError)
+    if issubclass(cls, RemoteError):
+        return cls(msg, remote_type=str(err.get("type", "Exception")),
+                   remote_traceback=str(err.get("traceback", "")), server=server)
+    return cls(msg)

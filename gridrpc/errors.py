@@ -10,6 +10,7 @@
     ├── CommunicationError        a peer could not be reached or vanished
     ├── Timeout (also TimeoutError)
     ├── CallCancelled             the call was cancelled (work stopped on the server)
+    │   └── CallPreempted         killed by the server's fair queue for a mandatory call
     ├── MessageTooLarge           a message exceeds the configured maximum size
     ├── InvalidArgument           a value gridrpc cannot send (object arrays, ...)
     └── RemoteError               the service raised; .remote_type, .remote_traceback
@@ -52,6 +53,10 @@ class CallCancelled(GridRPCError):
     pass
 
 
+class CallPreempted(CallCancelled):
+    """The server killed the call to run a more urgent one (fair queue)."""
+
+
 class MessageTooLarge(GridRPCError):
     pass
 
@@ -84,6 +89,7 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "service_not_found": ServiceNotFound,
     "no_server": NoServerAvailable,
     "cancelled": CallCancelled,
+    "preempted": CallPreempted,
     "protocol": ProtocolError,
     "too_large": MessageTooLarge,
     "invalid_argument": InvalidArgument,

@@ -1,0 +1,143 @@
+"""``Call`` (a submitted call), ``ServerInfo`` and ``wait``."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..errors import CallCancelled, Timeout
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """One server from a discovery, ranked best first."""
+    name: str
+    address: str
+    estimation: dict = field(default_factory=dict, compare=False)
+
+
+class Call:
+    """A submitted call. Usable from threads (``result``, ``done``, ``cancel``)
+    and from the client's event loop (``await call``, ``await call.aresult()``,
+    ``await call.acancel()``)."""
+
+    def __init__(self, client, service: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self.service = service
+        self._loop = loop
+        self._cf: cf.Future = cf.Future()
+        self._task: asyncio.Task | None = None
+        self.server: str | None = None          # name of the SeD it was sent to
+        self.address: str | None = None
+        self.id: str | None = None               # request id of the current attempt
+        self.attempts: list[str] = []
+        self.timing: dict = {}
+        self.optional = False
+        self._cancel_requested = False
+
+    # set by the client
+    def _bind(self, task: asyncio.Task) -> None:
+        self._task = task
+        task.add_done_callback(self._mirror)
+
+    def _mirror(self, task: asyncio.Task) -> None:
+        if self._cf.done():
+            return
+        if task.cancelled():
+            self._cf.set_exception(CallCancelled(f"call to {self.service} cancelled"))
+        elif task.exception() is not None:
+            self._cf.set_exception(task.exception())
+        else:
+            self._cf.set_result(task.result())
+
+    # -- thread API -------------------------------------------------------
+    def _in_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def result(self, timeout: float | None = None):
+        if self._in_loop() and not self._cf.done():
+            raise RuntimeError("Call.result() would block the event loop; use 'await call' instead")
+        try:
+            return self._cf.result(timeout)
+        except cf.TimeoutError:
+            raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
+        except cf.CancelledError:
+            raise CallCancelled(f"call to {self.service} cancelled") from None
+
+    def exception(self, timeout: float | None = None):
+        try:
+            self.result(timeout)
+        except Timeout:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            return exc
+        return None
+
+    def done(self) -> bool:
+        return self._cf.done()
+
+    def cancelled(self) -> bool:
+        return self._cf.done() and isinstance(self._cf.exception(), CallCancelled)
+
+    def cancel(self, timeout: float = 5.0) -> bool:
+        """Stop the call: removed from the server's queue or its worker killed.
+        Returns False if it had already finished."""
+        if self._cf.done():
+            return False
+        if self._in_loop():
+            raise RuntimeError("use 'await call.acancel()' inside the event loop")
+        fut = asyncio.run_coroutine_threadsafe(self.acancel(), self._loop)
+        try:
+            return fut.result(timeout)
+        except cf.TimeoutError:
+            return True
+
+    def add_done_callback(self, fn) -> None:
+        self._cf.add_done_callback(lambda _f: fn(self))
+
+    # -- async API --------------------------------------------------------
+    def __await__(self):
+        return self.aresult().__await__()
+
+    async def aresult(self, timeout: float | None = None):
+        fut = asyncio.wrap_future(self._cf) if not self._in_loop() or self._task is None else self._task
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
+        except asyncio.CancelledError:
+            if self._cf.done():
+                return self._cf.result()
+            raise
+
+    async def acancel(self) -> bool:
+        if self._cf.done() or self._task is None:
+            return False
+        self._cancel_requested = True
+        await self._client._cancel_remote(self)
+        self._task.cancel()
+        try:
+            await self._task
+        except BaseException:  # noqa: BLE001
+            pass
+        return True
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<gridrpc.Call {self.service} on {self.server or '?'} {state}>"
+
+
+def wait(calls: Iterable[Call], timeout: float | None = None, return_when: str = "ALL_COMPLETED"):
+    """Like ``concurrent.futures.wait``: returns ``(done, pending)`` sets of calls."""
+    calls = list(calls)
+    if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION"):
+        raise ValueError("return_when must be 'ALL_COMPLETED', 'FIRST_COMPLETED' or 'FIRST_EXCEPTION'")
+    by_future = {c._cf: c for c in calls}
+    done, pending = cf.wait(list(by_future), timeout=timeout, return_when=return_when)
+    return {by_future[f] for f in done}, {by_future[f] for f in pending}
+
+

@@ -1,0 +1,112 @@
+"""The blocking client: an :class:`AsyncClient` on an event loop in a
+background thread. Safe to use from several threads at once."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import threading
+from typing import Any
+
+from ..errors import Timeout
+from .aio import AsyncClient
+from .call import Call, ServerInfo
+
+
+class Client:
+    """``with gridrpc.Client("tcp://127.0.0.1:5555", user="alice") as client: ...``
+
+    Keyword options (all optional): ``user`` (default: login name),
+    ``timeout`` (default per-call timeout, s), ``discovery_timeout``,
+    ``ack_timeout`` (how long a SeD has to acknowledge before the next
+    candidate is tried), ``ping_interval``/``ping_timeout`` (liveness of the
+    SeD during a call), ``failover`` (retry on another server when one dies),
+    ``max_candidates``, ``max_message_size``, ``aggregator``, ``download_dir``.
+    """
+
+    def __init__(self, master_agent: str | None = None, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gridrpc-client", daemon=True)
+        self._thread.start()
+        self._aclient = AsyncClient(master_agent, **options)
+        self._run(self._aclient.start())
+        self._closed = False
+
+    @property
+    def user(self) -> str:
+        return self._aclient.user
+
+    @property
+    def master_agent(self) -> str | None:
+        return self._aclient.master_agent
+
+    def _run(self, coro, timeout: float | None = None):
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except cf.TimeoutError:
+            fut.cancel()
+            raise Timeout(f"operation not finished after {timeout}s") from None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self._aclient.aclose(), timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def discover(self, service: str, max_servers: int = 10, **kw) -> list[ServerInfo]:
+        return self._run(self._aclient.discover(service, max_servers, **kw))
+
+    def services(self) -> dict[str, dict]:
+        return self._run(self._aclient.services())
+
+    def submit(self, service: str, *args, **kwargs) -> Call:
+        async def _submit():
+            return self._aclient.submit(service, *args, **kwargs)
+        return self._run(_submit())
+
+    def call(self, service: str, *args, **kwargs):
+        return self.submit(service, *args, **kwargs).result()
+
+    def handle(self, service: str, server: str | ServerInfo | None = None) -> "Handle":
+        return Handle(self, service, server)
+
+    def resolve(self, server: str) -> ServerInfo:
+        return self._run(self._aclient.resolve(server))
+
+    def run_coroutine(self, coro, timeout: float | None = None):
+        """Run a coroutine on the client's loop (for extensions)."""
+        return self._run(coro, timeout)
+
+    @property
+    def aclient(self) -> AsyncClient:
+        return self._aclient
+
+
+class Handle:
+    """A function handle (``client.handle("add", server=...)``): calling it
+    skips discovery when bound to a server."""
+
+    def __init__(self, client: Client, service: str, server=None, optional: bool = False) -> None:
+        self.client, self.service, self.server, self.optional = client, service, server, optional
+        if isinstance(server, str):
+            self.server = client.resolve(server)     # one look-up, then direct calls
+
+    def __call__(self, *args, **kwargs):
+        return self.client.call(self.service, *args, server=self.server, optional=self.optional, **kwargs)
+
+    def submit(self, *args, **kwargs) -> Call:
+        return self.client.submit(self.service, *args, server=self.server, optional=self.optional, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<gridrpc.Handle {self.service} -> {getattr(self.server, 'name', None) or 'discovery'}>"

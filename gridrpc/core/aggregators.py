@@ -1,0 +1,177 @@
+"""Aggregators: how an agent ranks its children's answers and keeps the best k.
+
+A server answer is a dict ``{"name", "address", "estimation": {tag: value}}``.
+An aggregator turns a list of them into a ranked list, best first. The same
+aggregator (name + params) travels with the discovery request, so every level
+of the tree applies the same one (as in DIET).
+
+Built-ins (register more with :func:`register_aggregator`, or name a class by
+import path ``"package.module:Class"``):
+
+``default``          least recently used first (``time_since_last_solve``,
+                     largest first), then random. Servers without the tag rank
+                     last but are never dropped (DIET dropped them silently).
+``priority``         ``params={"order": [["eft", "min"], ["free_cpu", "max"]]}``:
+                     lexicographic on the listed tags; a missing value loses;
+                     ties random.
+``least_wait_time``  smallest expected wait (``est_wait``, else
+                     ``num_waiting * tcomp``); tie-break ``eft``.
+``least_slowdown``   smallest ``slowdown`` = (wait + run) / run.
+``least_cost``       cheapest ``price`` (local servers: 0) among those with
+                     ``price <= params["max_cost"]`` (if given); tie-break slowdown.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import random
+from typing import Any, ClassVar, Protocol
+
+Server = dict
+
+
+class Aggregator(Protocol):
+    name: ClassVar[str]
+
+    def rank(self, servers: list[Server], rng: random.Random) -> list[Server]: ...
+
+
+def _num(est: dict, tag: str) -> float | None:
+    v = est.get(tag)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return None
+    return float(v)
+
+
+def _keyed(servers, rng, key):
+    """Sort by key, random tie-break (random key drawn once per server)."""
+    decorated = [(key(s), rng.random(), s) for s in servers]
+    decorated.sort(key=lambda t: (t[0], t[1]))
+    return [s for _, _, s in decorated]
+
+
+class DefaultAggregator:
+    name: ClassVar[str] = "default"
+
+    def __init__(self, **params: Any) -> None:
+        pass
+
+    def rank(self, servers, rng):
+        def key(s):
+            v = _num(s.get("estimation", {}), "time_since_last_solve")
+            return (0, -v) if v is not None else (1, 0.0)
+        return _keyed(servers, rng, key)
+
+
+class PriorityAggregator:
+    name: ClassVar[str] = "priority"
+
+    def __init__(self, order: list | None = None, **params: Any) -> None:
+        self.order = []
+        for item in order or []:
+            if isinstance(item, str):
+                tag, direction = item.lstrip("+-"), "min" if item.startswith("-") else "max"
+            else:
+                tag, direction = item[0], item[1]
+            if direction not in ("min", "max"):
+                raise ValueError(f"priority aggregator: direction must be 'min' or 'max', not {direction!r}")
+            self.order.append((str(tag), direction))
+
+    def rank(self, servers, rng):
+        def key(s):
+            est = s.get("estimation", {})
+            out = []
+            for tag, direction in self.order:
+                v = _num(est, tag)
+                out.append((1, 0.0) if v is None else (0, v if direction == "min" else -v))
+            return tuple(out)
+        return _keyed(servers, rng, key)
+
+
+def _wait(est: dict) -> float:
+    w = _num(est, "est_wait")
+    if w is not None:
+        return w
+    tcomp = _num(est, "tcomp") or 0.0
+    return ((_num(est, "num_waiting") or 0.0) + (_num(est, "num_running") or 0.0)) * tcomp
+
+
+def _slowdown(est: dict) -> float:
+    s = _num(est, "slowdown")
+    if s is not None:
+        return s
+    run = _num(est, "tcomp") or 0.0
+    return (_wait(est) + run) / run if run > 0 else 1.0 + _wait(est)
+
+
+class LeastWaitTimeAggregator:
+    name: ClassVar[str] = "least_wait_time"
+
+    def __init__(self, **params: Any) -> None:
+        pass
+
+    def rank(self, servers, rng):
+        return _keyed(servers, rng, lambda s: (_wait(s.get("estimation", {})),
+                                               _num(s.get("estimation", {}), "eft") or 0.0))
+
+
+class LeastSlowdownAggregator:
+    name: ClassVar[str] = "least_slowdown"
+
+    def __init__(self, **params: Any) -> None:
+        pass
+
+    def rank(self, servers, rng):
+        return _keyed(servers, rng, lambda s: _slowdown(s.get("estimation", {})))
+
+
+class LeastCostAggregator:
+    name: ClassVar[str] = "least_cost"
+
+    def __init__(self, max_cost: float | None = None, **params: Any) -> None:
+        self.max_cost = max_cost
+
+    def rank(self, servers, rng):
+        kept = [s for s in servers
+                if self.max_cost is None or (_num(s.get("estimation", {}), "price") or 0.0) <= self.max_cost]
+        return _keyed(kept, rng, lambda s: (_num(s.get("estimation", {}), "price") or 0.0,
+                                            _slowdown(s.get("estimation", {}))))
+
+
+AGGREGATORS: dict[str, type] = {c.name: c for c in (
+    DefaultAggregator, PriorityAggregator, LeastWaitTimeAggregator,
+    LeastSlowdownAggregator, LeastCostAggregator)}
+
+
+def register_aggregator(cls: type) -> type:
+    AGGREGATORS[cls.name] = cls
+    return cls
+
+
+def make_aggregator(spec: str | dict | None) -> Aggregator:
+    """``spec``: a name, an import path ``"pkg.mod:Class"``, or
+    ``{"name": ..., "params": {...}}``. Raises ValueError with a clear message."""
+    if spec is None:
+        spec = "default"
+    if isinstance(spec, str):
+        name, params = spec, {}
+    elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
+        name, params = spec["name"], spec.get("params") or {}
+        if not isinstance(params, dict):
+            raise ValueError("aggregator params must be an object")
+    else:
+        raise ValueError(f"bad aggregator spec {spec!r}")
+    cls = AGGREGATORS.get(name)
+    if cls is None:
+        if ":" not in name:
+            raise ValueError(f"unknown aggregator {name!r}; known: {', '.join(sorted(AGGREGATORS))}, "
+                             "or a class as 'package.module:Class'")
+        mod, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load aggregator class {name!r}: {exc}") from exc
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for aggregator {name!r}: {exc}") from exc

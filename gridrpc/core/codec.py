@@ -1,0 +1,174 @@
+"""Value codec: Python values <-> (JSON-able tree, list of binary buffers).
+
+No pickle on the wire. Scalars and containers become JSON; anything binary
+(bytes, numpy arrays, file contents) becomes an extra frame and the tree keeps
+a small descriptor ``{"__t": kind, "i": buffer index, ...}``. Tags:
+
+==========  ==========================================================
+``f``       non-finite float (``inf``, ``-inf``, ``nan``) — orjson would write null
+``i``       integer beyond 64 bits (as a decimal string)
+``c``       complex (``re``, ``im`` each encoded like a float)
+``b``       bytes / bytearray / memoryview (buffer)
+``nd``      numpy array: ``dtype`` (``dtype.str``, byte order kept), ``shape``, buffer
+``ns``      numpy scalar (a 0-d array read back with ``[()]``)
+``file``    a :class:`File`: ``name`` and the content as a buffer
+``t``       tuple
+``d``       dict whose keys are not all strings, or that holds the key ``__t``
+==========  ==========================================================
+
+Object arrays, sets, arbitrary objects are refused with
+:class:`~gridrpc.errors.InvalidArgument`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import InvalidArgument, ProtocolError
+
+try:  # numpy is a dependency, but keep the core importable without it
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None  # type: ignore[assignment]
+
+_INT_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FileRef:
+    """A file on the wire: its base name and content. The runtime turns it into
+    a :class:`gridrpc.File` pointing to a local copy."""
+    name: str
+    data: bytes | memoryview
+
+
+def encode(value: Any, buffers: list, file_reader: Callable[[Any], FileRef] | None = None) -> Any:
+    """Encode ``value`` into a JSON-able tree, appending binary parts to ``buffers``."""
+    t = type(value)
+    if value is None or t is bool or t is str:
+        return value
+    if t is int:
+        if -_INT_MAX - 1 <= value <= _INT_MAX:
+            return value
+        return {"__t": "i", "v": str(value)}
+    if t is float:
+        return value if math.isfinite(value) else {"__t": "f", "v": repr(value)}
+    if t is list:
+        return [encode(v, buffers, file_reader) for v in value]
+    if t is dict:
+        if all(type(k) is str for k in value) and "__t" not in value:
+            return {k: encode(v, buffers, file_reader) for k, v in value.items()}
+        return {"__t": "d", "v": [[encode(k, buffers, file_reader), encode(v, buffers, file_reader)]
+                                  for k, v in value.items()]}
+    if t is tuple:
+        return {"__t": "t", "v": [encode(v, buffers, file_reader) for v in value]}
+    if t is complex:
+        return {"__t": "c", "re": encode(value.real, buffers), "im": encode(value.imag, buffers)}
+    if t in (bytes, bytearray, memoryview):
+        buffers.append(value)
+        return {"__t": "b", "i": len(buffers) - 1}
+    if np is not None:
+        if isinstance(value, np.ndarray):
+            return _encode_array(value, buffers, "nd")
+        if isinstance(value, np.generic):
+            return _encode_array(np.asarray(value), buffers, "ns")
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return encode(int(value), buffers)
+    if isinstance(value, float):
+        return encode(float(value), buffers)
+    if isinstance(value, str):
+        return str(value)
+    if file_reader is not None and getattr(value, "__gridrpc_file__", False):
+        ref = file_reader(value)
+        buffers.append(ref.data)
+        return {"__t": "file", "name": ref.name, "i": len(buffers) - 1}
+    if isinstance(value, (list, tuple, dict)):
+        base = list if isinstance(value, list) else tuple if isinstance(value, tuple) else dict
+        return encode(base(value), buffers, file_reader)   # subclasses (namedtuple, OrderedDict)
+    raise InvalidArgument(f"cannot send a value of type {t.__module__}.{t.__qualname__}; "
+                          "supported: int, float, complex, bool, str, bytes, None, lists, tuples, "
+                          "dicts, numpy arrays and gridrpc.File")
+
+
+def _encode_array(arr, buffers: list, tag: str) -> dict:
+    if arr.dtype.hasobject:
+        raise InvalidArgument("numpy arrays of dtype object cannot be sent (no pickle on the wire)")
+    if arr.flags.c_contiguous:
+        order, data = "C", arr
+    elif arr.flags.f_contiguous:
+        order, data = "F", arr
+    else:
+        order, data = "C", np.ascontiguousarray(arr)
+    buffers.append(memoryview(data.reshape(-1, order="A") if data.ndim else data.reshape(1)).cast("B")
+                   if data.size else b"")
+    return {"__t": tag, "i": len(buffers) - 1, "dtype": arr.dtype.str,
+            "shape": list(arr.shape), "order": order}
+
+
+def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | None = None) -> Any:
+    """Inverse of :func:`encode`. ``buffers`` are bytes-like objects (zmq frames' buffers)."""
+    t = type(tree)
+    if t is list:
+        return [decode(v, buffers, file_writer) for v in tree]
+    if t is not dict:
+        return tree
+    tag = tree.get("__t")
+    if tag is None:
+        return {k: decode(v, buffers, file_writer) for k, v in tree.items()}
+    try:
+        if tag == "f":
+            return float(tree["v"])
+        if tag == "i":
+            return int(tree["v"])
+        if tag == "c":
+            return complex(decode(tree["re"], buffers), decode(tree["im"], buffers))
+        if tag == "t":
+            return tuple(decode(v, buffers, file_writer) for v in tree["v"])
+        if tag == "d":
+            return {_hashable(decode(k, buffers, file_writer)): decode(v, buffers, file_writer)
+                    for k, v in tree["v"]}
+        if tag == "b":
+            return bytes(buffers[tree["i"]])
+        if tag in ("nd", "ns"):
+            dtype = np.dtype(tree["dtype"])
+            if dtype.hasobject:
+                raise ProtocolError("object arrays are refused")
+            shape = tuple(int(s) for s in tree["shape"])
+            buf = buffers[tree["i"]]
+            arr = np.frombuffer(buf, dtype=dtype) if len(memoryview(buf)) else np.empty(0, dtype)
+            arr = arr.reshape(shape, order=tree.get("order", "C")).copy(order="K")
+            return arr[()] if tag == "ns" else arr
+        if tag == "file":
+            ref = FileRef(name=str(tree["name"]), data=buffers[tree["i"]])
+            return file_writer(ref) if file_writer else ref
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed encoded value with tag {tag!r}: {exc}") from exc
+    raise ProtocolError(f"unknown value tag {tag!r}")
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+def light_description(value: Any) -> Any:
+    """The 'light' form of an argument sent with a discovery request (as DIET
+    does): scalars as themselves, big things only by type and size."""
+    t = type(value)
+    if value is None or t in (bool, int, float, str) and (t is not str or len(value) <= 64):
+        return value if t is not float or math.isfinite(value) else repr(value)
+    if np is not None and isinstance(value, np.ndarray):
+        return {"type": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape)}
+    if t in (bytes, bytearray, memoryview):
+        return {"type": "bytes", "size": len(value)}
+    if t in (list, tuple):
+        return {"type": t.__name__, "len": len(value)}
+    if t is dict:
+        return {"type": "dict", "len": len(value)}
+    if t is str:
+        return {"type": "str", "len": len(value)}
+    return {"type": t.__name__}

@@ -1,0 +1,56 @@
+"""Estimation vectors (pure): the standard tags and the run-time predictor.
+
+Standard tags (DIET's names in lower case): ``tcomp`` (predicted run time of
+the service, learnt), ``eft`` (earliest finish time, unix seconds),
+``free_cpu`` (0..1), ``free_mem`` (bytes), ``nb_cpu``, ``total_mem``,
+``num_waiting``, ``num_running``, ``max_concurrent``, ``time_since_last_solve``,
+``server_type`` (``serial`` | ``batch`` | ``cloud``); batch: ``est_wait``,
+``nb_free_resources``, ``nb_total_resources``, ``slowdown``; cloud: ``price``,
+``boot_time``. Services may add or override tags with their own function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STANDARD_TAGS = ("tcomp", "eft", "free_cpu", "free_mem", "nb_cpu", "total_mem", "num_waiting",
+                 "num_running", "max_concurrent", "time_since_last_solve", "server_type")
+
+
+@dataclass
+class RunTimePredictor:
+    """Per-service predicted run time: exponentially weighted mean of past
+    durations (``alpha`` weight of the newest), ``default`` before any call."""
+    alpha: float = 0.3
+    default: float = 0.0
+    means: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def observe(self, service: str, seconds: float) -> None:
+        n = self.counts.get(service, 0)
+        m = self.means.get(service)
+        self.means[service] = seconds if m is None else (1 - self.alpha) * m + self.alpha * seconds
+        self.counts[service] = n + 1
+
+    def predict(self, service: str) -> float:
+        return self.means.get(service, self.default)
+
+
+def queue_tags(*, service: str, predictor: RunTimePredictor, now: float, num_waiting: int,
+               num_running: int, max_concurrent: int, last_solve: float | None,
+               running: list[tuple[float, str]], waiting_services: list[str]) -> dict:
+    """The SeD-state part of the vector, with ``eft`` computed by simulating
+    the queue: each slot frees when its running call is predicted to end."""
+    tcomp = predictor.predict(service)
+    slots = sorted(max(now, start + predictor.predict(svc)) for start, svc in running)
+    slots += [now] * max(0, max_concurrent - len(slots))
+    slots.sort()
+    for s in waiting_services:      # waiting calls take the earliest free slot in turn
+        slots[0] += predictor.predict(s)
+        slots.sort()
+    eft = slots[0] + tcomp
+    return {
+        "tcomp": tcomp, "eft": eft, "num_waiting": num_waiting, "num_running": num_running,
+        "max_concurrent": max_concurrent,
+        "time_since_last_solve": (now - last_solve) if last_solve is not None else 1e9,
+        "est_wait": slots[0] - now,
+    }

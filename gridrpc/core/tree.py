@@ -1,0 +1,127 @@
+"""An agent's view of its children (pure).
+
+Children are SeDs or agents. Each registers with its element info, its
+services and, for agents, the elements of its own subtree; each heartbeats.
+The registry answers: which children offer a service, the catalogue of the
+subtree, the flattened element list (for the status API and for propagation
+to the parent), and which children missed their heartbeats.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Child:
+    name: str
+    route: bytes                 # zmq routing id of the child's DEALER
+    info: dict                   # element info: kind, address, host, pid, ...
+    services: dict[str, dict]    # name -> {"doc", "params"} offered by the child's subtree
+    elements: list[dict]         # descendants (agents only)
+    last_seen: float
+    load: dict = field(default_factory=dict)
+
+
+class ChildRegistry:
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.children: dict[str, Child] = {}
+        self.version = 0              # bumped on every change of the subtree's shape or services
+        self._by_service: dict[str, list[str]] | None = None
+
+    # -- inputs -----------------------------------------------------------
+    def register(self, route: bytes, header: dict, now: float) -> None:
+        name = header["name"]
+        services = {}
+        for s in header.get("services", []):
+            if isinstance(s, dict) and isinstance(s.get("name"), str):
+                services[s["name"]] = {"doc": s.get("doc", ""), "params": s.get("params", [])}
+            elif isinstance(s, str):
+                services[s] = {"doc": "", "params": []}
+        info = {k: header.get(k) for k in ("kind", "address", "host", "pid", "started")}
+        elements = [e for e in header.get("elements", []) if isinstance(e, dict)]
+        old = self.children.get(name)
+        self.children[name] = Child(name=name, route=route, info=info, services=services,
+                                    elements=elements, last_seen=now,
+                                    load=header.get("load") or {})
+        if old is None or old.services != services or old.info != info or \
+                _shape(old.elements) != _shape(elements):
+            self._changed()
+
+    def heartbeat(self, route: bytes, header: dict, now: float) -> bool:
+        """Returns False when the child is unknown (it must register again)."""
+        child = self.children.get(header["name"])
+        if child is None:
+            return False
+        child.route = route
+        child.last_seen = now
+        if isinstance(header.get("load"), dict):
+            child.load = header["load"]
+        if isinstance(header.get("elements"), list):
+            if _shape(child.elements) != _shape(header["elements"]):
+                self._changed()
+            child.elements = header["elements"]
+        return True
+
+    def remove(self, name: str) -> bool:
+        if self.children.pop(name, None) is not None:
+            self._changed()
+            return True
+        return False
+
+    def expire(self, now: float, timeout: float) -> list[str]:
+        """Drop children silent for longer than ``timeout``; returns their names."""
+        dead = [n for n, c in self.children.items() if now - c.last_seen > timeout]
+        for n in dead:
+            self.remove(n)
+        return dead
+
+    # -- queries ----------------------------------------------------------
+    def offering(self, service: str) -> list[str]:
+        if self._by_service is None:
+            idx: dict[str, list[str]] = {}
+            for n, c in self.children.items():
+                for s in c.services:
+                    idx.setdefault(s, []).append(n)
+            self._by_service = idx
+        return self._by_service.get(service, [])
+
+    def services(self) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for c in self.children.values():
+            for s, meta in c.services.items():
+                out.setdefault(s, dict(meta))
+        return out
+
+    def catalogue(self) -> dict[str, dict]:
+        """service -> {doc, params, servers: [SeD names]} over the whole subtree."""
+        cat: dict[str, dict] = {}
+        for e in self.elements(now=None):
+            if e.get("kind") not in ("sed",):
+                continue
+            for s in e.get("services", []):
+                entry = cat.setdefault(s, {"doc": "", "params": [], "servers": []})
+                entry["servers"].append(e["name"])
+        for s, meta in self.services().items():
+            cat.setdefault(s, {"doc": "", "params": [], "servers": []}).update(meta)
+        return cat
+
+    def elements(self, now: float | None) -> list[dict]:
+        """Flattened subtree: each child then its descendants."""
+        out = []
+        for c in self.children.values():
+            out.append({"name": c.name, "parent": self.owner, **c.info,
+                        "services": sorted(c.services) if c.info.get("kind") == "sed" else [],
+                        "state": "alive", "last_seen": c.last_seen, "load": c.load})
+            out.extend(c.elements)
+        return out
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._by_service = None
+
+
+def _shape(elements: list[dict]) -> Any:
+    return sorted((str(e.get("name")), str(e.get("parent")), tuple(e.get("services") or ()))
+                  for e in elements)

@@ -1,0 +1,1 @@
+"""HTTP status API and human page of the Master Agent (aiohttp)."""

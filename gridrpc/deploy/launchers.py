@@ -1,0 +1,630 @@
+"""Launchers: start, watch and stop one long-running element process on one host.
+
+A launcher is bound to one host (this machine, an SSH host, a Slurm node) and
+knows nothing about what it starts: ``gridrpc deploy`` hands it a command such
+as ``[python, "-m", "gridrpc", "sed", "--name", ..., "--parent", ...]``.
+
+::
+
+    Launcher (Protocol)     start(command) -> Started; alive; stop; logs
+    ├── LocalLauncher       detached process on this machine
+    ├── SSHLauncher         ``nohup`` over the ``ssh`` client, key-only
+    └── SlurmLauncher       one ``srun --overlap`` step per node, in an allocation
+
+    LaunchError(GridRPCError)       .host, .log_tail
+    ├── HostUnreachable             no TCP/SSH connection to the host
+    ├── AuthenticationFailed        the host refused our key
+    ├── HostKeyMismatch             the host key is unknown or has changed
+    ├── PythonMissing               interpreter (or the gridrpc package) missing there
+    └── ExitedImmediately           the command died within the check window; .returncode
+
+All calls are synchronous (they run short ``ssh``/``srun`` client processes);
+an asyncio caller should run them in a thread. Every ``stop()`` acts by PID
+only, guarded against PID reuse by the process start time recorded in
+:class:`Started`. ``stop()`` signals the element's PID, not its process group:
+elements are expected to stop their own workers on SIGTERM.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from gridrpc.errors import GridRPCError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AuthenticationFailed", "ExitedImmediately", "HostKeyMismatch", "HostUnreachable",
+    "LaunchError", "Launcher", "LocalLauncher", "PythonMissing", "SSHHostConfig",
+    "SSHLauncher", "SlurmLauncher", "Started", "StopResult",
+]
+
+StopResult = Literal["not-running", "terminated", "killed"]
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class LaunchError(GridRPCError):
+    """An element could not be started, watched or stopped on ``host``."""
+
+    def __init__(self, message: str, *, host: str = "", log_tail: str = "") -> None:
+        super().__init__(message)
+        self.host = host
+        self.log_tail = log_tail
+
+
+class HostUnreachable(LaunchError):
+    pass
+
+
+class AuthenticationFailed(LaunchError):
+    pass
+
+
+class HostKeyMismatch(LaunchError):
+    pass
+
+
+class PythonMissing(LaunchError):
+    pass
+
+
+class ExitedImmediately(LaunchError):
+    def __init__(self, message: str, *, host: str = "", log_tail: str = "",
+                 returncode: int | None = None) -> None:
+        super().__init__(message, host=host, log_tail=log_tail)
+        self.returncode = returncode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Started:
+    """What a launcher returns for a started element; plain data, JSON-friendly.
+
+    ``pid_start`` identifies the process beyond its PID (local: psutil create
+    time; SSH: ``/proc/PID/stat`` start time; empty when unknown) so a reused
+    PID is never signalled. ``step`` is the Slurm step name, if any.
+    """
+    launcher: str
+    host: str
+    pid: int
+    log_path: str
+    command: tuple[str, ...]
+    name: str = ""
+    workdir: str = ""
+    pid_start: str = ""
+    started_at: float = 0.0
+    step: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Started:
+        return cls(**{**d, "command": tuple(d["command"])})
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """Starts and controls element processes on one host."""
+
+    host: str
+
+    def start(self, command: Sequence[str], *, name: str = "",
+              env: Mapping[str, str] | None = None) -> Started:
+        """Start ``command`` detached; raise :class:`LaunchError` if it cannot
+        be started or exits within the launcher's check window."""
+        ...
+
+    def alive(self, started: Started) -> bool:
+        ...
+
+    def stop(self, started: Started, timeout: float = 10.0) -> StopResult:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        ...
+
+    def logs(self, started: Started, lines: int = 50) -> str:
+        """The last ``lines`` lines of the element's stdout+stderr."""
+        ...
+
+
+def _log_name(name: str, command: Sequence[str]) -> str:
+    base = name or (Path(command[0]).name if command else "cmd")
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", base)[:60] or "cmd"
+    return f"{base}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}.log"
+
+
+def tail_file(path: str | os.PathLike, lines: int = 50, *, block: int = 8192) -> str:
+    """Last ``lines`` lines of a file, reading backwards by blocks."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            pos, data = fh.tell(), b""
+            while pos > 0 and data.count(b"\n") <= lines:
+                step = min(block, pos)
+                pos -= step
+                fh.seek(pos)
+                data = fh.read(step) + data
+    except FileNotFoundError:
+        return ""
+    out = data.decode(errors="replace").splitlines()[-lines:] if lines > 0 else []
+    return "\n".join(out) + ("\n" if out else "")
+
+
+# -- local ---------------------------------------------------------------------
+
+class LocalLauncher:
+    """Start elements as detached processes on this machine.
+
+    Each process runs in a new session (so a Ctrl-C to ``deploy`` does not
+    reach it), with stdin from ``/dev/null`` and stdout+stderr appended to
+    ``WORKDIR/logs/NAME-STAMP-RAND.log``. ``start`` waits up to
+    ``check_window`` seconds for an early exit and raises
+    :class:`ExitedImmediately` with the log tail if the process died (0
+    disables the check: use it only for commands that are allowed to finish).
+
+    Trade-offs: processes outlive the launcher (by design); the launcher reaps
+    the children it started itself, and for a :class:`Started` coming from
+    elsewhere (a state file) it checks the PID with psutil and the recorded
+    create time.
+    """
+
+    launcher_name = "local"
+
+    def __init__(self, workdir: str | os.PathLike, *, env: Mapping[str, str] | None = None,
+                 check_window: float = 0.5, host: str = "localhost") -> None:
+        self.workdir = Path(workdir).expanduser().resolve()
+        self.env = dict(env or {})
+        self.check_window = check_window
+        self.host = host
+        self._procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, command: Sequence[str], *, name: str = "",
+              env: Mapping[str, str] | None = None) -> Started:
+        if not command:
+            raise LaunchError("empty command", host=self.host)
+        logdir = self.workdir / "logs"
+        logdir.mkdir(parents=True, exist_ok=True)
+        log_path = logdir / _log_name(name, command)
+        full_env = {**os.environ, **self.env, **(env or {})}
+        with open(log_path, "ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    list(command), cwd=self.workdir, env=full_env, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            except OSError as exc:
+                raise LaunchError(f"cannot start {command[0]!r} on {self.host}: {exc}",
+                                  host=self.host) from exc
+        self._procs[proc.pid] = proc
+        pid_start = ""
+        try:
+            import psutil
+            pid_start = repr(psutil.Process(proc.pid).create_time())
+        except Exception:  # already gone, or psutil missing: the check below tells
+            pass
+        started = Started(launcher=self.launcher_name, host=self.host, pid=proc.pid,
+                          log_path=str(log_path), command=tuple(command), name=name,
+                          workdir=str(self.workdir), pid_start=pid_start, started_at=time.time())
+        if self.check_window > 0:
+            try:
+                rc = proc.wait(timeout=self.check_window)
+            except subprocess.TimeoutExpired:
+                rc = None
+            if rc is not None:
+                self._procs.pop(proc.pid, None)
+                tail = tail_file(log_path, 20)
+                raise ExitedImmediately(
+                    f"{name or command[0]} exited immediately on {self.host} with code {rc}; "
+                    f"log {log_path}:\n{tail}", host=self.host, log_tail=tail, returncode=rc)
+        log.info("started %s on %s: pid %d, log %s", name or command[0], self.host, proc.pid, log_path)
+        return started
+
+    def alive(self, started: Started) -> bool:
+        proc = self._procs.get(started.pid)
+        if proc is not None:
+            return proc.poll() is None
+        try:
+            import psutil
+            p = psutil.Process(started.pid)
+            if started.pid_start and repr(p.create_time()) != started.pid_start:
+                return False  # PID reused by another process
+            return p.status() != psutil.STATUS_ZOMBIE
+        except Exception:
+            return False
+
+    def _wait_gone(self, started: Started, timeout: float) -> bool:
+        proc = self._procs.get(started.pid)
+        if proc is not None:
+            try:
+                proc.wait(timeout=max(timeout, 0))
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while self.alive(started):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def stop(self, started: Started, timeout: float = 10.0) -> StopResult:
+        if not self.alive(started):
+            self._procs.pop(started.pid, None)
+            return "not-running"
+        result: StopResult = "terminated"
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(started.pid, sig)
+            except ProcessLookupError:
+                break
+            if self._wait_gone(started, wait):
+                break
+            result = "killed"
+        else:
+            raise LaunchError(f"pid {started.pid} on {self.host} survived SIGKILL", host=self.host)
+        self._procs.pop(started.pid, None)
+        return result
+
+    def logs(self, started: Started, lines: int = 50) -> str:
+        return tail_file(started.log_path, lines)
+
+
+# -- ssh -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SSHHostConfig:
+    """How to reach one SSH host and run Python there.
+
+    ``target`` is ``user@host`` or ``host``. ``python`` is the interpreter on
+    that host (``venv`` overrides it with ``VENV/bin/python`` and puts the venv
+    first on PATH). ``workdir`` holds ``logs/``; relative paths and ``~/`` are
+    relative to the remote home. ``ssh_config`` is passed as ``-F`` (tests use
+    ``/dev/null`` to ignore the user's config). Each ``ssh_options`` entry is
+    either ``Key=Value`` (passed as ``-o Key=Value``) or a raw ssh argument
+    starting with ``-``. ``wrapper`` prefixes the local
+    ssh client command (e.g. ``["ip", "netns", "exec", "h1"]``).
+    ``check_module`` is imported with the configured python and env before
+    starting (None to skip). ``check_window`` is how long the remote side
+    watches the new process for an immediate exit.
+    """
+    target: str
+    port: int = 22
+    key_path: str | None = None
+    known_hosts: str | None = None
+    python: str = "python3"
+    venv: str | None = None
+    workdir: str = "gridrpc-work"
+    env: Mapping[str, str] = field(default_factory=dict)
+    ssh_options: tuple[str, ...] = ()
+    ssh_config: str | None = None
+    wrapper: tuple[str, ...] = ()
+    connect_timeout: float = 10.0
+    check_module: str | None = "gridrpc"
+    check_window: float = 1.0
+    ssh_binary: str = "ssh"
+
+    @property
+    def python_executable(self) -> str:
+        return f"{self.venv.rstrip('/')}/bin/python" if self.venv else self.python
+
+    @property
+    def hostname(self) -> str:
+        return self.target.rsplit("@", 1)[-1]
+
+
+def _rpath(path: str) -> str:
+    """Quote a remote path for sh, keeping a leading ``~/`` expandable."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+# Remote helpers: is PID alive (not a zombie, same start time)?
+_SH_ALIVE = r"""
+pstart() { [ -r /proc/$1/stat ] && sed 's/^.*) //' /proc/$1/stat 2>/dev/null | awk '{print $20}'; }
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  if [ -r /proc/$1/stat ]; then
+    st=$(sed 's/^.*) //' /proc/$1/stat 2>/dev/null | awk '{print $1}')
+    [ "$st" = Z ] && return 1
+    [ -n "$2" ] && [ "$(pstart "$1")" != "$2" ] && return 1
+  fi
+  return 0
+}
+"""
+
+_MARK = "@@gridrpc"
+_RC_WORKDIR, _RC_PYTHON, _RC_MODULE = 97, 98, 99
+
+
+class SSHLauncher:
+    """Start elements on a remote host with the ``ssh`` client, key-only.
+
+    ``start`` runs, in one ssh session, ``mkdir -p WORKDIR; cd WORKDIR``, checks
+    that the python runs and ``check_module`` imports, then
+    ``nohup CMD >LOG 2>&1 </dev/null &`` and watches the new PID for
+    ``check_window`` seconds. Each list element is its own statement (never
+    ``a && b && nohup c &``, which backgrounds the whole list and keeps ssh's
+    stdout open). ``alive`` is ``kill -0`` plus a zombie and start-time check;
+    ``stop`` is TERM, wait, KILL; ``logs`` is ``tail -n``.
+
+    Options: ``BatchMode=yes`` (never prompt), ``StrictHostKeyChecking=yes``
+    (unknown or changed host keys fail), ``IdentitiesOnly=yes`` with
+    ``key_path``. Errors are classified from ssh's exit code (255) and stderr.
+    The remote login shell must be able to run ``sh -c '...'``.
+    """
+
+    launcher_name = "ssh"
+
+    def __init__(self, host_config: SSHHostConfig) -> None:
+        self.config = host_config
+        self.host = host_config.target
+        for key in host_config.env:
+            if not _ENV_KEY.match(key):
+                raise LaunchError(f"invalid environment variable name {key!r}", host=self.host)
+
+    # the ssh client
+    def ssh_argv(self, remote_cmd: str) -> list[str]:
+        c = self.config
+        argv = [*c.wrapper, c.ssh_binary]
+        if c.ssh_config:
+            argv += ["-F", c.ssh_config]
+        if c.key_path:
+            argv += ["-i", c.key_path, "-o", "IdentitiesOnly=yes"]
+        if c.known_hosts:
+            argv += ["-o", f"UserKnownHostsFile={c.known_hosts}"]
+        argv += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                 "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no",
+                 "-o", f"ConnectTimeout={max(1, int(c.connect_timeout))}",
+                 "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
+                 "-p", str(c.port)]
+        for opt in c.ssh_options:
+            argv += [opt] if opt.startswith("-") else ["-o", opt]
+        argv += ["-T", c.target, remote_cmd]
+        return argv
+
+    def run(self, script: str, *, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run a POSIX sh ``script`` on the host; ssh-level failures raise LaunchError."""
+        c = self.config
+        argv = self.ssh_argv("sh -c " + shlex.quote(script))
+        limit = timeout if timeout is not None else c.connect_timeout + c.check_window + 60
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=limit,
+                                 stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise HostUnreachable(f"ssh to {self.host} timed out after {limit:.0f}s "
+                                  "(host unreachable or hanging)", host=self.host) from exc
+        except OSError as exc:
+            raise LaunchError(f"cannot run the ssh client {argv[0]!r}: {exc}", host=self.host) from exc
+        if res.returncode == 255:
+            raise self._classify(res.stderr)
+        return res
+
+    def _classify(self, stderr: str) -> LaunchError:
+        err = stderr.strip()
+        low = err.lower()
+        where = f"{self.host} (port {self.config.port})"
+        if ("remote host identification has changed" in low or "host key verification failed" in low
+                or "host key is known" in low or "no matching host key" in low):
+            kind = "changed" if "has changed" in low else "unknown or not matching"
+            return HostKeyMismatch(
+                f"host key verification failed for {where}: key {kind} in "
+                f"{self.config.known_hosts or '~/.ssh/known_hosts'}\n{err}", host=self.host)
+        if "permission denied" in low or "too many authentication failures" in low:
+            return AuthenticationFailed(
+                f"authentication failed for {self.config.target}: the host refused key "
+                f"{self.config.key_path or '(default keys)'}\n{err}", host=self.host)
+        unreachable = ("connection refused", "connection timed out", "no route to host",
+                       "network is unreachable", "could not resolve hostname", "operation timed out",
+                       "connection reset", "connection closed", "kex_exchange_identification",
+                       "name or service not known", "host is down")
+        if any(s in low for s in unreachable):
+            return HostUnreachable(f"host {where} unreachable: {err}", host=self.host)
+        return LaunchError(f"ssh to {where} failed: {err or 'exit status 255'}", host=self.host)
+
+    def _prelude(self, extra_env: Mapping[str, str] | None = None) -> str:
+        c = self.config
+        env = {**c.env, **(extra_env or {})}
+        for key in env:
+            if not _ENV_KEY.match(key):
+                raise LaunchError(f"invalid environment variable name {key!r}", host=self.host)
+        lines = [f'mkdir -p {_rpath(c.workdir)} 2>/dev/null; cd {_rpath(c.workdir)} || '
+                 f'{{ echo "{_MARK} workdir"; exit {_RC_WORKDIR}; }}']
+        if c.venv:
+            lines += [f"VIRTUAL_ENV={_rpath(c.venv.rstrip('/'))}; export VIRTUAL_ENV",
+                      'PATH="$VIRTUAL_ENV/bin:$PATH"; export PATH']
+        lines += [f"{k}={shlex.quote(v)}; export {k}" for k, v in env.items()]
+        return "\n".join(lines) + "\n"
+
+    def _check_script(self) -> str:
+        c = self.config
+        py = _rpath(c.python_executable)
+        s = (f'{py} -c "import sys; print(sys.version.split()[0])" >/dev/null 2>&1; rc=$?\n'
+             f'if [ $rc -eq 126 ] || [ $rc -eq 127 ]; then echo "{_MARK} python"; exit {_RC_PYTHON}; fi\n')
+        if c.check_module:
+            s += (f'err=$({py} -c "import {c.check_module}" 2>&1) || '
+                  f'{{ echo "{_MARK} module"; printf "%s\\n" "$err" | tail -n 5; exit {_RC_MODULE}; }}\n')
+        return s
+
+    def _raise_preflight(self, res: subprocess.CompletedProcess) -> None:
+        c, out = self.config, (res.stdout + res.stderr).strip()
+        if res.returncode == _RC_WORKDIR:
+            raise LaunchError(f"cannot create or enter workdir {c.workdir!r} on {self.host}", host=self.host)
+        if res.returncode == _RC_PYTHON:
+            raise PythonMissing(f"python not found on {self.host}: {c.python_executable!r} "
+                                "does not exist or is not executable (set python/venv in the host config)",
+                                host=self.host)
+        if res.returncode == _RC_MODULE:
+            detail = out.split(f"{_MARK} module", 1)[-1].strip()
+            raise PythonMissing(f"python {c.python_executable!r} on {self.host} cannot import "
+                                f"{c.check_module!r} (install gridrpc there or set PYTHONPATH/venv):\n{detail}",
+                                host=self.host)
+
+    def check(self) -> str:
+        """Preflight only: reach the host, enter the workdir, check python; return its version."""
+        script = self._prelude() + self._check_script() + f"{self._rpy()} -c 'import sys; print(sys.version.split()[0])'\n"
+        res = self.run(script)
+        self._raise_preflight(res)
+        if res.returncode != 0:
+            raise LaunchError(f"preflight on {self.host} failed ({res.returncode}): {res.stderr.strip()}",
+                              host=self.host)
+        return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+
+    def _rpy(self) -> str:
+        return _rpath(self.config.python_executable)
+
+    def start(self, command: Sequence[str], *, name: str = "",
+              env: Mapping[str, str] | None = None) -> Started:
+        if not command:
+            raise LaunchError("empty command", host=self.host)
+        c = self.config
+        logf = "logs/" + _log_name(name, command)
+        steps = max(1, int(c.check_window * 10))
+        script = (self._prelude(env) + self._check_script() + _SH_ALIVE +
+                  "mkdir -p logs\n"
+                  f"nohup {shlex.join(command)} >{logf} 2>&1 </dev/null &\n"
+                  "pid=$!\n"
+                  f'echo "{_MARK} pid=$pid start=$(pstart $pid) log=$PWD/{logf}"\n'
+                  f"i=0; while [ $i -lt {steps} ]; do\n"
+                  "  if ! alive $pid; then wait $pid; rc=$?\n"
+                  f'    echo "{_MARK} exited rc=$rc"; tail -n 20 {logf}; exit 0; fi\n'
+                  "  sleep 0.1; i=$((i+1))\n"
+                  "done\n"
+                  f'echo "{_MARK} running"\n')
+        res = self.run(script)
+        self._raise_preflight(res)
+        m = re.search(rf"^{_MARK} pid=(\d+) start=(\S*) log=(.*)$", res.stdout, re.M)
+        if res.returncode != 0 or not m:
+            raise LaunchError(f"starting {name or command[0]} on {self.host} failed "
+                              f"({res.returncode}): {(res.stdout + res.stderr).strip()}", host=self.host)
+        pid, pid_start, log_path = int(m.group(1)), m.group(2), m.group(3).strip()
+        ex = re.search(rf"^{_MARK} exited rc=(\d+)$", res.stdout, re.M)
+        if ex:
+            tail = res.stdout[ex.end():].lstrip("\n")
+            raise ExitedImmediately(
+                f"{name or command[0]} exited immediately on {self.host} with code {ex.group(1)}; "
+                f"log {log_path}:\n{tail}", host=self.host, log_tail=tail, returncode=int(ex.group(1)))
+        log.info("started %s on %s: pid %d, log %s", name or command[0], self.host, pid, log_path)
+        return Started(launcher=self.launcher_name, host=self.host, pid=pid, log_path=log_path,
+                       command=tuple(command), name=name, workdir=c.workdir, pid_start=pid_start,
+                       started_at=time.time())
+
+    def alive(self, started: Started) -> bool:
+        res = self.run(_SH_ALIVE + f"alive {started.pid} {shlex.quote(started.pid_start)}\n")
+        return res.returncode == 0
+
+    def stop(self, started: Started, timeout: float = 10.0) -> StopResult:
+        pid, st = started.pid, shlex.quote(started.pid_start)
+        steps = max(1, int(timeout * 10))
+        script = _SH_ALIVE + (
+            f'alive {pid} {st} || {{ echo "{_MARK} not-running"; exit 0; }}\n'
+            f"kill -TERM {pid} 2>/dev/null\n"
+            f"i=0; while [ $i -lt {steps} ]; do\n"
+            f'  alive {pid} {st} || {{ echo "{_MARK} terminated"; exit 0; }}\n'
+            "  sleep 0.1; i=$((i+1))\n"
+            "done\n"
+            f"kill -KILL {pid} 2>/dev/null\n"
+            "i=0; while [ $i -lt 50 ]; do\n"
+            f'  alive {pid} {st} || {{ echo "{_MARK} killed"; exit 0; }}\n'
+            "  sleep 0.1; i=$((i+1))\n"
+            "done\n"
+            f'echo "{_MARK} survived"; exit 1\n')
+        res = self.run(script, timeout=self.config.connect_timeout + timeout + 30)
+        m = re.search(rf"^{_MARK} (\S+)$", res.stdout, re.M)
+        if res.returncode != 0 or not m or m.group(1) == "survived":
+            raise LaunchError(f"could not stop pid {pid} on {self.host}: "
+                              f"{(res.stdout + res.stderr).strip()}", host=self.host)
+        return m.group(1)  # type: ignore[return-value]
+
+    def logs(self, started: Started, lines: int = 50) -> str:
+        res = self.run(f"tail -n {int(lines)} {shlex.quote(started.log_path)} 2>/dev/null; exit 0\n")
+        return res.stdout
+
+
+# -- slurm -------------------------------------------------------------------------
+
+class SlurmLauncher:
+    """Start elements on one node of the current Slurm allocation.
+
+    Runs ``srun --jobid=J --nodes=1 --ntasks=1 -w NODE --overlap
+    --job-name=STEP [extra_args] CMD`` as a local detached process (through
+    :class:`LocalLauncher`, so the step's output lands in the local log file).
+    ``alive`` is the srun process; ``stop`` sends SIGTERM to srun (which
+    forwards it to the step), and if srun or the step outlive ``timeout``,
+    ``scancel`` the step (found by its unique name) and SIGKILL srun.
+
+    Needs ``SLURM_JOB_ID`` (or ``job_id``): outside an allocation it raises
+    :class:`LaunchError`. ``--overlap`` (Slurm >= 20.11) lets elements share
+    the allocation's CPUs with the jobs the batch SeDs submit.
+    """
+
+    launcher_name = "slurm"
+
+    def __init__(self, node: str, workdir: str | os.PathLike, *, job_id: str | None = None,
+                 srun: str = "srun", scancel: str = "scancel", squeue: str = "squeue",
+                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 check_window: float = 1.0) -> None:
+        self.host = node
+        self.job_id = job_id or os.environ.get("SLURM_JOB_ID", "")
+        self.srun, self.scancel, self.squeue = srun, scancel, squeue
+        self.extra_args = tuple(extra_args)
+        self._local = LocalLauncher(workdir, env=env, check_window=check_window, host=node)
+
+    def srun_argv(self, command: Sequence[str], step: str) -> list[str]:
+        return [self.srun, f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", "-w", self.host,
+                "--overlap", f"--job-name={step}", "--kill-on-bad-exit=1", *self.extra_args,
+                *command]
+
+    def start(self, command: Sequence[str], *, name: str = "",
+              env: Mapping[str, str] | None = None) -> Started:
+        if not self.job_id:
+            raise LaunchError("not inside a Slurm allocation (SLURM_JOB_ID is not set); "
+                              "run 'gridrpc deploy' from salloc/sbatch", host=self.host)
+        if shutil.which(self.srun) is None:
+            raise LaunchError(f"{self.srun!r} not found on PATH", host=self.host)
+        step = f"gridrpc-{re.sub(r'[^A-Za-z0-9_.-]', '_', name or 'element')}-{secrets.token_hex(3)}"
+        started = self._local.start(self.srun_argv(command, step), name=name, env=env)
+        return Started(**{**started.to_dict(), "launcher": self.launcher_name, "host": self.host,
+                          "command": tuple(command), "step": step})
+
+    def alive(self, started: Started) -> bool:
+        return self._local.alive(started)
+
+    def _step_ids(self, step: str) -> list[str]:
+        try:
+            res = subprocess.run([self.squeue, "--steps", f"--jobs={self.job_id}", "--noheader",
+                                  "--format=%i %j"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return [line.split()[0] for line in res.stdout.splitlines()
+                if len(line.split()) >= 2 and line.split()[1] == step]
+
+    def stop(self, started: Started, timeout: float = 10.0) -> StopResult:
+        if not self.alive(started):
+            return "not-running"
+        try:
+            os.kill(started.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return "terminated"
+        if self._local._wait_gone(started, timeout):
+            return "terminated"
+        for step_id in self._step_ids(started.step):
+            subprocess.run([self.scancel, step_id], capture_output=True, timeout=30)
+        self._local.stop(started, timeout=0)  # SIGKILL the srun client
+        return "killed"
+
+    def logs(self, started: Started, lines: int = 50) -> str:
+        return self._local.logs(started, lines)

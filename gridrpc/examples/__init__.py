@@ -1,0 +1,1 @@
+"""Example services shipped with gridrpc."""

@@ -1,0 +1,57 @@
+"""Example services: ``add``, ``sleep``, ``echo``, ``fail``, ``dgemm``, ``exit``
+and a few more used by tests, demos and experiments.
+
+Start them on a SeD with ``gridrpc sed --service gridrpc.examples.services:add``.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+
+def add(x: int, y: int) -> int:
+    """Return x + y."""
+    return x + y
+
+
+def sleep(seconds: float) -> float:
+    """Sleep ``seconds`` then return it (the task of the fairness experiments)."""
+    time.sleep(seconds)
+    return seconds
+
+
+def echo(value):
+    """Return the value unchanged (any supported type)."""
+    return value
+
+
+def fail(message: str = "failure requested"):
+    """Raise RuntimeError(message)."""
+    raise RuntimeError(message)
+
+
+def dgemm(a, b, alpha: float = 1.0):
+    """Return alpha * a @ b (numpy)."""
+    return alpha * (np.asarray(a) @ np.asarray(b))
+
+
+def exit(code: int = 1):  # noqa: A001 - the name is part of the API
+    """The worker process running this call exits abruptly with ``code``."""
+    os._exit(code)
+
+
+def wc(path: str) -> dict:
+    """Count lines, words and bytes of a file (the argument is a gridrpc.File)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    return {"lines": data.count(b"\n"), "words": len(data.split()), "bytes": len(data)}
+
+
+def noop():
+    """Do nothing (benchmarks)."""
+    return None
+
+
+ALL = ["add", "sleep", "echo", "fail", "dgemm", "exit", "wc", "noop"]

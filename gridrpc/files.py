@@ -1,0 +1,66 @@
+"""``gridrpc.File``: a file whose *content* travels with a call.
+
+On the client, ``File(path)`` is read and sent as a binary frame; the service
+receives the path (``str``) of a local copy. A service may return
+``File(path)``: the client then gets a ``File`` pointing to a local copy in its
+download directory.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .core.codec import FileRef
+
+
+class File:
+    __gridrpc_file__ = True
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def read_bytes(self) -> bytes:
+        return Path(self.path).read_bytes()
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"gridrpc.File({self.path!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, File) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+
+def read_file(f: File) -> FileRef:
+    try:
+        return FileRef(name=f.name, data=Path(f.path).read_bytes())
+    except OSError as exc:
+        from .errors import InvalidArgument
+        raise InvalidArgument(f"cannot read {f.path}: {exc}") from exc
+
+
+class FileSink:
+    """Writes received files into a directory; ``as_path`` gives services a str."""
+
+    def __init__(self, directory: str | None = None, as_path: bool = False) -> None:
+        self.directory = directory
+        self.as_path = as_path
+
+    def __call__(self, ref: FileRef):
+        d = self.directory or tempfile.mkdtemp(prefix="gridrpc-files-")
+        os.makedirs(d, exist_ok=True)
+        name = os.path.basename(ref.name) or "file"
+        fd, path = tempfile.mkstemp(prefix="", suffix="-" + name, dir=d)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(ref.data)
+        return path if self.as_path else File(path)

@@ -1,0 +1,2 @@
+"""The Local Agent: an inner node of the tree (forwards discoveries, aggregates answers)."""
+from .agent import Agent, LocalAgent  # noqa: F401

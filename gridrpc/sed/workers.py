@@ -1,0 +1,214 @@
+"""Worker processes that run service calls.
+
+A crashing, exiting or hanging service never takes the SeD down: each call
+runs in a worker process (forked, so services defined in the user's script are
+there). Cancelling or preempting a running call kills its worker for real
+(SIGKILL) and a fresh one replaces it. Worker results come back through a pipe
+read by the event loop (``add_reader``), so the SeD never blocks on them.
+
+Arguments and results cross the pipe with pickle (protocol 5) — only between
+the SeD and its own children, never on the network.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import multiprocessing as mp
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+_CTX = mp.get_context("fork")
+
+
+def _worker_main(conn, services: dict[str, Callable]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
+        try:
+            call_id, service, args, kwargs = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            os._exit(0)
+        try:
+            fn = services[service]
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_await(value))
+            reply = (call_id, True, value)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
+            reply = (call_id, False, (type(exc).__name__, str(exc), traceback.format_exc()))
+        try:
+            conn.send(reply)
+        except Exception as exc:  # unpicklable result
+            conn.send((call_id, False, (type(exc).__name__, f"cannot return the result: {exc}",
+                                        traceback.format_exc())))
+
+
+async def _await(aw):
+    return await aw
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any
+    generation: int
+    call_id: str | None = None
+    future: asyncio.Future | None = None
+
+
+class WorkerPool:
+    """At most ``size`` workers, started on demand, shared by every SeD replica
+    of the process. ``run`` waits for a free worker."""
+
+    def __init__(self, services: dict[str, Callable], size: int, prestart: int = 1) -> None:
+        self.services = services
+        self.size = max(1, size)
+        self.workers: list[_Worker] = []
+        self.idle: collections.deque[_Worker] = collections.deque()
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.generation = 0
+        self.by_call: dict[str, _Worker] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+        self.prestart = prestart
+        self.spawned = 0
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        for _ in range(min(self.prestart, self.size)):
+            self.idle.append(self._spawn())
+
+    def services_changed(self) -> None:
+        """New services: idle workers are replaced lazily by fresh forks."""
+        self.generation += 1
+        for w in list(self.idle):
+            self._retire(w)
+        self.idle.clear()
+
+    def _spawn(self) -> _Worker:
+        parent, child = _CTX.Pipe()
+        proc = _CTX.Process(target=_worker_main, args=(child, self.services), daemon=True)
+        proc.start()
+        child.close()
+        w = _Worker(proc=proc, conn=parent, generation=self.generation)
+        self.workers.append(w)
+        self.spawned += 1
+        self.loop.add_reader(parent.fileno(), self._readable, w)
+        return w
+
+    async def _acquire(self) -> _Worker:
+        while True:
+            while self.idle:
+                w = self.idle.popleft()
+                if w.generation == self.generation and w.proc.is_alive():
+                    return w
+                self._retire(w)
+            if len(self.workers) < self.size:
+                return self._spawn()
+            fut = self.loop.create_future()
+            self.waiters.append(fut)
+            await fut
+
+    def _release(self, w: _Worker) -> None:
+        w.call_id = None
+        w.future = None
+        if w.generation != self.generation or self.closed:
+            self._retire(w)
+        else:
+            self.idle.append(w)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def run(self, call_id: str, service: str, args: list, kwargs: dict) -> tuple[bool, Any]:
+        """Returns (True, value) or (False, (type, message, traceback)).
+        Raises WorkerGone if the worker died or was killed."""
+        w = await self._acquire()
+        fut = self.loop.create_future()
+        w.call_id, w.future = call_id, fut
+        self.by_call[call_id] = w
+        try:
+            w.conn.send((call_id, service, args, kwargs))
+        except Exception as exc:
+            self.by_call.pop(call_id, None)
+            self._release(w)
+            return False, (type(exc).__name__, f"cannot pass the arguments to the worker: {exc}", "")
+        try:
+            return await fut
+        finally:
+            self.by_call.pop(call_id, None)
+
+    def _readable(self, w: _Worker) -> None:
+        try:
+            call_id, ok, value = w.conn.recv()
+        except (EOFError, OSError, ConnectionError):
+            self._died(w)
+            return
+        except Exception as exc:  # result could not be unpickled
+            call_id, ok, value = w.call_id, False, (type(exc).__name__, str(exc), "")
+        fut = w.future
+        self._release(w)
+        if fut is not None and not fut.done():
+            fut.set_result((ok, value))
+
+    def _died(self, w: _Worker) -> None:
+        fut, call_id = w.future, w.call_id
+        self._retire(w)
+        code = w.proc.exitcode
+        self._wake()
+        if fut is not None and not fut.done():
+            fut.set_exception(WorkerGone(call_id, code))
+
+    def kill(self, call_id: str) -> bool:
+        """Stop the worker running ``call_id`` now. Its ``run`` raises WorkerGone."""
+        w = self.by_call.get(call_id)
+        if w is None:
+            return False
+        fut = w.future
+        self._retire(w, kill=True)
+        self._wake()
+        if fut is not None and not fut.done():
+            fut.set_exception(WorkerGone(call_id, -signal.SIGKILL, killed=True))
+        return True
+
+    def _retire(self, w: _Worker, kill: bool = False) -> None:
+        if w in self.workers:
+            self.workers.remove(w)
+        try:
+            self.loop.remove_reader(w.conn.fileno())
+        except (ValueError, OSError):
+            pass
+        if kill and w.proc.is_alive():
+            w.proc.kill()
+        w.conn.close()          # an idle worker exits on EOF
+        w.proc.join(timeout=0.05 if not kill else 2)
+        if w.proc.is_alive() and kill:
+            log.warning("worker %s did not die after SIGKILL", w.proc.pid)
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers]
+
+    async def aclose(self) -> None:
+        self.closed = True
+        for w in list(self.workers):
+            self._retire(w, kill=True)
+        for fut in self.waiters:
+            if not fut.done():
+                fut.cancel()
+
+
+class WorkerGone(Exception):
+    def __init__(self, call_id: str | None, exitcode: int | None, killed: bool = False) -> None:
+        super().__init__(f"worker running {call_id} ended (exit code {exitcode})")
+        self.call_id, self.exitcode, self.killed = call_id, exitcode, killed

@@ -1,0 +1,126 @@
+"""The child side of the tree: attach to a parent, heartbeat, re-register.
+
+A child (LA or SeD) may start before its parent: it keeps sending REGISTER
+every heartbeat interval until the parent acknowledges. Afterwards it sends
+HEARTBEAT; a parent that does not know it (restarted MA) answers
+``known: false`` and the child registers again by itself. A parent silent past
+the timeout is *lost*: the socket is re-created (fresh TCP connection, useful
+after partitions) and registration starts over. Optionally, a child whose
+parent stays lost past ``orphan_timeout`` asks its owner to exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from ..core import messages as m
+from ..core.messages import MsgType
+from .channel import Channel, connect_dealer
+
+log = logging.getLogger(__name__)
+
+
+class ParentLink:
+    def __init__(self, *, name: str, parent: str, register_info: Callable[[], dict],
+                 heartbeat_info: Callable[[], dict], on_message: Callable[[MsgType, dict, list], None],
+                 hb_interval: float = 1.0, hb_timeout: float = 3.0,
+                 orphan_timeout: float | None = None, on_orphaned: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self.parent = parent
+        self.register_info = register_info
+        self.heartbeat_info = heartbeat_info
+        self.on_message = on_message
+        self.hb_interval = hb_interval
+        self.hb_timeout = hb_timeout
+        self.orphan_timeout = orphan_timeout
+        self.on_orphaned = on_orphaned
+        self.attached = False
+        self.last_ack = time.monotonic()
+        self.lost_since: float | None = time.monotonic()
+        self.channel: Channel | None = None
+        self._task: asyncio.Task | None = None
+        self._seq = 0
+        self.attach_event = asyncio.Event()
+
+    def start(self) -> None:
+        self._open()
+        self._send_register()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"link-{self.name}")
+
+    def _open(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        sock = connect_dealer(self.parent, immediate=True)
+        self.channel = Channel(sock, self._recv, name=f"{self.name}->parent")
+
+    def _next_id(self) -> str:
+        self._seq += 1
+        return f"{self.name}#{self._seq}"
+
+    def send(self, header: dict, buffers: list = ()) -> None:
+        try:
+            self.channel.send([m.dumps(header), *buffers])
+        except Exception as exc:  # parent not reachable: heartbeats will tell
+            log.debug("%s: send to parent failed: %s", self.name, exc)
+
+    def _send_register(self) -> None:
+        self.send(m.make(MsgType.REGISTER, self._next_id(), name=self.name, **self.register_info()))
+
+    def update(self) -> None:
+        """Services or subtree changed: register again (idempotent on the parent)."""
+        self._send_register()
+
+    def _recv(self, frames: list) -> None:
+        try:
+            mt, h = m.parse_header(frames[0].bytes)
+        except Exception as exc:
+            log.warning("%s: bad message from parent: %s", self.name, exc)
+            return
+        now = time.monotonic()
+        if mt in (MsgType.REGISTERED, MsgType.HEARTBEAT_ACK):
+            self.last_ack = now
+            if mt is MsgType.HEARTBEAT_ACK and not h.get("known", True):
+                log.info("%s: parent %s does not know us: registering again", self.name, self.parent)
+                self._send_register()
+                return
+            if not self.attached:
+                log.info("%s: attached to parent %s", self.name, self.parent)
+            self.attached = True
+            self.lost_since = None
+            self.attach_event.set()
+            return
+        self.on_message(mt, h, frames)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.hb_interval)
+            now = time.monotonic()
+            if self.attached and now - self.last_ack > self.hb_timeout:
+                log.warning("%s: parent %s silent for %.1fs: reconnecting", self.name, self.parent,
+                            now - self.last_ack)
+                self.attached = False
+                self.attach_event.clear()
+                self.lost_since = now
+                self._open()
+            if self.attached:
+                self.send(m.make(MsgType.HEARTBEAT, self._next_id(), name=self.name, **self.heartbeat_info()))
+            else:
+                self._send_register()
+                if (self.orphan_timeout is not None and self.lost_since is not None
+                        and now - self.lost_since > self.orphan_timeout and self.on_orphaned):
+                    self.on_orphaned()
+
+    async def aclose(self, unregister: bool = True) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.channel is not None:
+            if unregister and self.attached:
+                self.send(m.make(MsgType.UNREGISTER, self._next_id(), name=self.name))
+                await asyncio.sleep(0.01)
+            self.channel.close()

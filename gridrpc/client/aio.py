@@ -150,6 +150,13 @@ class AsyncClient:
             self._server_addresses[s.name] = s.address
         return servers
 
+    async def tree(self) -> list[dict]:
+        """Every element of the tree as the MA sees it (like GET /api/tree)."""
+        mt, r = await self._ma_request(m.make(MsgType.SERVICES, _new_id(), tree=True), self.discovery_timeout)
+        if mt is MsgType.ERROR:
+            raise error_from_wire(r["error"])
+        return r.get("elements") or []
+
     async def services(self) -> dict[str, dict]:
         """The catalogue: service -> {doc, params, servers}."""
         mt, r = await self._ma_request(m.make(MsgType.SERVICES, _new_id()), self.discovery_timeout)

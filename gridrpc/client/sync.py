@@ -67,6 +67,9 @@ class Client:
     def discover(self, service: str, max_servers: int = 10, **kw) -> list[ServerInfo]:
         return self._run(self._aclient.discover(service, max_servers, **kw))
 
+    def tree(self) -> list[dict]:
+        return self._run(self._aclient.tree())
+
     def services(self) -> dict[str, dict]:
         return self._run(self._aclient.services())
 

@@ -35,20 +35,29 @@ class Done:
 
 
 class DiscoveryTable:
-    def __init__(self, rng: random.Random) -> None:
+    """``remember`` (for the root agent): recent first choices are remembered
+    for ``memory`` seconds and shown to the aggregator as load — the chosen
+    server's ``time_since_last_solve`` restarts and its ``num_waiting`` grows —
+    so concurrent discoveries, answered before any call reached the chosen
+    SeD, spread over the servers instead of all picking the same one."""
+
+    def __init__(self, rng: random.Random, remember: bool = False, memory: float = 1.0) -> None:
         self.rng = rng
         self.pending: dict[str, Pending] = {}
+        self.remember = remember
+        self.memory = memory
+        self.recent: dict[str, list[float]] = {}
 
     def start(self, id_: str, reply_to: object, children: list[str], k: int,
-              aggregator: Aggregator, deadline: float) -> Done | None:
+              aggregator: Aggregator, deadline: float, now: float = 0.0) -> Done | None:
         p = Pending(id=id_, reply_to=reply_to, waiting=set(children), k=k,
                     aggregator=aggregator, deadline=deadline)
         if not p.waiting:
-            return self._finish(p)
+            return self._finish(p, now)
         self.pending[id_] = p
         return None
 
-    def answer(self, id_: str, child: str, servers: list[dict]) -> Done | None:
+    def answer(self, id_: str, child: str, servers: list[dict], now: float = 0.0) -> Done | None:
         p = self.pending.get(id_)
         if p is None or child not in p.waiting:
             return None            # late or duplicate answer
@@ -57,29 +66,49 @@ class DiscoveryTable:
         p.servers.extend(s for s in servers if isinstance(s, dict) and "name" in s)
         if not p.waiting:
             del self.pending[id_]
-            return self._finish(p)
+            return self._finish(p, now)
         return None
 
-    def child_lost(self, child: str) -> list[Done]:
+    def child_lost(self, child: str, now: float = 0.0) -> list[Done]:
         out = []
         for id_ in [i for i, p in self.pending.items() if child in p.waiting]:
             p = self.pending[id_]
             p.waiting.discard(child)
             if not p.waiting:
                 del self.pending[id_]
-                out.append(self._finish(p))
+                out.append(self._finish(p, now))
         return out
 
     def expire(self, now: float) -> list[Done]:
         out = []
         for id_ in [i for i, p in self.pending.items() if p.deadline <= now]:
-            out.append(self._finish(self.pending.pop(id_)))
+            out.append(self._finish(self.pending.pop(id_), now))
         return out
 
     def next_deadline(self) -> float | None:
         return min((p.deadline for p in self.pending.values()), default=None)
 
-    def _finish(self, p: Pending) -> Done:
-        ranked = p.aggregator.rank(p.servers, self.rng)[: p.k] if p.servers else []
+    def _finish(self, p: Pending, now: float) -> Done:
+        servers = self._with_recent(p.servers, now) if self.remember else p.servers
+        ranked = p.aggregator.rank(servers, self.rng)[: p.k] if servers else []
+        if self.remember and ranked:
+            self.recent.setdefault(ranked[0]["name"], []).append(now)
         return Done(id=p.id, reply_to=p.reply_to, servers=ranked, answered=p.answered,
                     timed_out=sorted(p.waiting))
+
+    def _with_recent(self, servers: list[dict], now: float) -> list[dict]:
+        horizon = now - self.memory
+        for name in [n for n, ts in self.recent.items() if ts[-1] < horizon]:
+            del self.recent[name]
+        out = []
+        for s in servers:
+            ts = [t for t in self.recent.get(s["name"], ()) if t >= horizon]
+            if ts:
+                est = dict(s.get("estimation") or {})
+                since = now - ts[-1]
+                tsls = est.get("time_since_last_solve")
+                est["time_since_last_solve"] = since if not isinstance(tsls, (int, float)) else min(tsls, since)
+                est["num_waiting"] = (est.get("num_waiting") or 0) + len(ts)
+                s = {**s, "estimation": est}
+            out.append(s)
+        return out

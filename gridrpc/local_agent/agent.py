@@ -40,7 +40,7 @@ class Agent:
         self.discovery_budget = discovery_budget
         self.orphan_timeout = orphan_timeout
         self.registry = ChildRegistry(name)
-        self.discoveries = DiscoveryTable(random.Random(seed))
+        self.discoveries = DiscoveryTable(random.Random(seed), remember=self.kind == "ma")
         self.address: str | None = None
         self.router: Channel | None = None
         self.link: ParentLink | None = None
@@ -152,7 +152,7 @@ class Agent:
                 log.info("%s: child %s left", self.name, h["name"])
                 self._child_lost(h["name"])
         elif mt is MsgType.SERVERS:
-            self._finish(self.discoveries.answer(h["id"], h.get("name", ""), h["servers"]))
+            self._finish(self.discoveries.answer(h["id"], h.get("name", ""), h["servers"], now))
         elif mt is MsgType.DISCOVER:
             self._discover(h, ("router", route))
         elif mt is MsgType.SERVICES:
@@ -170,8 +170,17 @@ class Agent:
 
     def _catalogue_reply(self, h: dict) -> dict:
         cat = self.registry.catalogue()
-        addresses = {e["name"]: e.get("address") for e in self._elements() if e.get("kind") == "sed"}
-        return m.make(MsgType.CATALOGUE, h["id"], services=cat, servers=addresses)
+        elements = self._elements()
+        addresses = {e["name"]: e.get("address") for e in elements if e.get("kind") == "sed"}
+        extra = {"elements": self.tree()} if h.get("tree") else {}
+        return m.make(MsgType.CATALOGUE, h["id"], services=cat, servers=addresses, **extra)
+
+    def tree(self) -> list[dict]:
+        """This agent and its whole subtree, as /api/tree shows it."""
+        me = {"name": self.name, "parent": self.parent if self.kind != "ma" else None,
+              **self.element_info(), "services": [], "state": "alive",
+              "last_heartbeat": time.time(), "load": self.statistics()}
+        return [me] + [dict(e, state=e.get("state", "alive")) for e in self._elements()]
 
     def _subtree_changed(self) -> None:
         if self.link and self.registry.version != self._reported_version:
@@ -179,7 +188,7 @@ class Agent:
             self.link.update()
 
     def _child_lost(self, name: str) -> None:
-        for done in self.discoveries.child_lost(name):
+        for done in self.discoveries.child_lost(name, time.monotonic()):
             self._finish(done)
         self._subtree_changed()
 
@@ -212,8 +221,8 @@ class Agent:
                 sent.append(c)
             except Exception as exc:
                 log.debug("%s: discovery to %s failed: %s", self.name, c, exc)
-        done = self.discoveries.start(fid, (reply_to, h["id"], service), sent, k, agg,
-                                      time.monotonic() + budget)
+        now = time.monotonic()
+        done = self.discoveries.start(fid, (reply_to, h["id"], service), sent, k, agg, now + budget, now)
         if done:
             self._finish(done)
         else:

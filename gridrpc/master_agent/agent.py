@@ -3,7 +3,6 @@ parent, answering clients, plus the HTTP status API."""
 from __future__ import annotations
 
 import logging
-import time
 
 from ..local_agent.agent import Agent
 
@@ -32,12 +31,3 @@ class MasterAgent(Agent):
         if self.http:
             await self.http.aclose()
         await super().aclose()
-
-    def tree(self) -> list[dict]:
-        me = {"name": self.name, "parent": None, **self.element_info(), "services": [],
-              "state": "alive", "last_heartbeat": time.time(), "load": self.statistics()}
-        elements = [me]
-        for e in self._elements():
-            e.setdefault("state", "alive")
-            elements.append(e)
-        return elements

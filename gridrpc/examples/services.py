@@ -55,3 +55,15 @@ def noop():
 
 
 ALL = ["add", "sleep", "echo", "fail", "dgemm", "exit", "wc", "noop"]
+
+
+def upper_file(path: str):
+    """Return a gridrpc.File holding the upper-cased content of the given file."""
+    from gridrpc.files import File
+    out = path + ".upper"
+    with open(path, "rb") as src, open(out, "wb") as dst:
+        dst.write(src.read().upper())
+    return File(out)
+
+
+ALL.append("upper_file")

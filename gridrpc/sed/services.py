@@ -51,9 +51,12 @@ def make_service(name: str | None, fn: Callable, *, doc: str | None = None,
     if not callable(fn):
         raise ConfigError(f"service {name!r}: {fn!r} is not callable")
     try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        sig = None
+        sig = inspect.signature(fn, eval_str=True)   # resolve "int" under `from __future__ import annotations`
+    except (TypeError, ValueError, NameError):
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
     params = []
     if sig is not None:
         for p in sig.parameters.values():

@@ -6,8 +6,10 @@ there). Cancelling or preempting a running call kills its worker for real
 (SIGKILL) and a fresh one replaces it. Worker results come back through a pipe
 read by the event loop (``add_reader``), so the SeD never blocks on them.
 
-Arguments and results cross the pipe with pickle (protocol 5) — only between
-the SeD and its own children, never on the network.
+Arguments and results cross the pipe with plain pickle (protocol 5) — only
+between the SeD and its own children, never on the network. (Not
+multiprocessing's ForkingPickler: it loses numpy's byte order, '>i4' comes
+back as 'int32'.)
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import inspect
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import traceback
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ def _worker_main(conn, services: dict[str, Callable]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:
         try:
-            call_id, service, args, kwargs = conn.recv()
+            call_id, service, args, kwargs = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError, KeyboardInterrupt):
             os._exit(0)
         try:
@@ -43,10 +46,11 @@ def _worker_main(conn, services: dict[str, Callable]) -> None:
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
             reply = (call_id, False, (type(exc).__name__, str(exc), traceback.format_exc()))
         try:
-            conn.send(reply)
+            data = pickle.dumps(reply, protocol=5)
         except Exception as exc:  # unpicklable result
-            conn.send((call_id, False, (type(exc).__name__, f"cannot return the result: {exc}",
-                                        traceback.format_exc())))
+            data = pickle.dumps((call_id, False, (type(exc).__name__, f"cannot return the result: {exc}",
+                                                  traceback.format_exc())), protocol=5)
+        conn.send_bytes(data)
 
 
 async def _await(aw):
@@ -139,7 +143,7 @@ class WorkerPool:
         w.call_id, w.future = call_id, fut
         self.by_call[call_id] = w
         try:
-            w.conn.send((call_id, service, args, kwargs))
+            w.conn.send_bytes(pickle.dumps((call_id, service, args, kwargs), protocol=5))
         except Exception as exc:
             self.by_call.pop(call_id, None)
             self._release(w)
@@ -151,7 +155,7 @@ class WorkerPool:
 
     def _readable(self, w: _Worker) -> None:
         try:
-            call_id, ok, value = w.conn.recv()
+            call_id, ok, value = pickle.loads(w.conn.recv_bytes())
         except (EOFError, OSError, ConnectionError):
             self._died(w)
             return

@@ -102,10 +102,27 @@ def _encode_array(arr, buffers: list, tag: str) -> dict:
         order, data = "F", arr
     else:
         order, data = "C", np.ascontiguousarray(arr)
-    buffers.append(memoryview(data.reshape(-1, order="A") if data.ndim else data.reshape(1)).cast("B")
-                   if data.size else b"")
-    return {"__t": tag, "i": len(buffers) - 1, "dtype": arr.dtype.str,
-            "shape": list(arr.shape), "order": order}
+    flat = data.reshape(-1, order="A") if data.ndim else data.reshape(1)
+    # a uint8 view, not memoryview(flat): numpy refuses the buffer protocol for
+    # datetime64/timedelta64, and a structured format string is not castable
+    buffers.append(memoryview(flat.view(np.uint8)) if data.size else b"")
+    out = {"__t": tag, "i": len(buffers) - 1, "dtype": arr.dtype.str,
+           "shape": list(arr.shape), "order": order}
+    if arr.dtype.names is not None:      # structured: dtype.str ("|V12") would lose the fields
+        out["descr"] = np.lib.format.dtype_to_descr(arr.dtype)
+    return out
+
+
+def _descr(d):
+    """A structured dtype description back from JSON (lists) to numpy's tuples."""
+    if isinstance(d, str):
+        return d
+    out = []
+    for f in d:
+        name, typ, *shape = f
+        out.append((tuple(name) if isinstance(name, list) else name, _descr(typ),
+                    *(tuple(s) for s in shape)))
+    return out
 
 
 def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | None = None) -> Any:
@@ -133,7 +150,8 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
         if tag == "b":
             return bytes(buffers[tree["i"]])
         if tag in ("nd", "ns"):
-            dtype = np.dtype(tree["dtype"])
+            dtype = (np.lib.format.descr_to_dtype(_descr(tree["descr"])) if "descr" in tree
+                     else np.dtype(tree["dtype"]))
             if dtype.hasobject:
                 raise ProtocolError("object arrays are refused")
             shape = tuple(int(s) for s in tree["shape"])
@@ -159,6 +177,8 @@ def light_description(value: Any) -> Any:
     """The 'light' form of an argument sent with a discovery request (as DIET
     does): scalars as themselves, big things only by type and size."""
     t = type(value)
+    if t is int and not -_INT_MAX - 1 <= value <= _INT_MAX:    # would not fit in the JSON header
+        return {"type": "int", "bits": value.bit_length()}
     if value is None or t in (bool, int, float, str) and (t is not str or len(value) <= 64):
         return value if t is not float or math.isfinite(value) else repr(value)
     if np is not None and isinstance(value, np.ndarray):

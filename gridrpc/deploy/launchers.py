@@ -16,7 +16,13 @@ as ``[python, "-m", "gridrpc", "sed", "--name", ..., "--parent", ...]``.
     ├── AuthenticationFailed        the host refused our key
     ├── HostKeyMismatch             the host key is unknown or has changed
     ├── PythonMissing               interpreter (or the gridrpc package) missing there
-    └── ExitedImmediately           the command died within the check window; .returncode
+    ├── ExitedImmediately           the command died within the check window; .returncode
+    └── NotReady                    no readiness line in the log in time (or it died first)
+
+Beyond the protocol, every launcher here also offers ``wait_ready`` (wait for
+a line in the element's log, e.g. ``READY {...}``; one ssh round trip for
+SSH), ``alive_many`` and ``stop_many`` (one ssh session per host for a whole
+batch), and ``close`` (ends the ssh connection master, if any).
 
 All calls are synchronous (they run short ``ssh``/``srun`` client processes);
 an asyncio caller should run them in a thread. Every ``stop()`` acts by PID
@@ -47,7 +53,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AuthenticationFailed", "ExitedImmediately", "HostKeyMismatch", "HostUnreachable",
     "LaunchError", "Launcher", "LocalLauncher", "PythonMissing", "SSHHostConfig",
-    "SSHLauncher", "SlurmLauncher", "Started", "StopResult",
+    "SSHLauncher", "SlurmLauncher", "Started", "StopResult", "NotReady",
 ]
 
 StopResult = Literal["not-running", "terminated", "killed"]
@@ -84,6 +90,58 @@ class ExitedImmediately(LaunchError):
                  returncode: int | None = None) -> None:
         super().__init__(message, host=host, log_tail=log_tail)
         self.returncode = returncode
+
+
+class NotReady(LaunchError):
+    """The element did not print its readiness line in time, or exited first."""
+
+    def __init__(self, message: str, *, host: str = "", log_tail: str = "",
+                 exited: bool = False) -> None:
+        super().__init__(message, host=host, log_tail=log_tail)
+        self.exited = exited
+
+
+def _read_head(path: str | os.PathLike, limit: int = 1 << 20) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _wait_ready_file(launcher, started: "Started", pattern: str, timeout: float,
+                     interval: float = 0.05) -> str:
+    """Shared by the local and Slurm launchers: poll the local log file."""
+    rx = re.compile(pattern, re.M)
+    deadline = time.monotonic() + timeout
+    while True:
+        m = rx.search(_read_head(started.log_path))
+        if m:
+            return m.group(0)
+        if not launcher.alive(started):
+            m = rx.search(_read_head(started.log_path))
+            if m:
+                return m.group(0)
+            tail = tail_file(started.log_path, 30)
+            raise NotReady(f"{started.name or 'element'} (pid {started.pid}) exited on {launcher.host} "
+                           f"before it was ready; log tail:\n{tail}", host=launcher.host,
+                           log_tail=tail, exited=True)
+        if time.monotonic() >= deadline:
+            tail = tail_file(started.log_path, 30)
+            raise NotReady(f"{started.name or 'element'} (pid {started.pid}) on {launcher.host} not ready "
+                           f"after {timeout:.0f}s; log tail:\n{tail}", host=launcher.host, log_tail=tail)
+        time.sleep(interval)
+
+
+def _stop_each(launcher, started: Sequence["Started"], timeout: float) -> dict[int, str]:
+    """Fallback ``stop_many``: stop one by one, report errors as text."""
+    out: dict[int, str] = {}
+    for st in started:
+        try:
+            out[st.pid] = launcher.stop(st, timeout=timeout)
+        except LaunchError as exc:
+            out[st.pid] = f"error: {exc}"
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,6 +337,46 @@ class LocalLauncher:
     def logs(self, started: Started, lines: int = 50) -> str:
         return tail_file(started.log_path, lines)
 
+    def wait_ready(self, started: Started, pattern: str, timeout: float) -> str:
+        """Wait until a line of the log matches ``pattern``; return it.
+        Raises :class:`NotReady` (with the log tail) on exit or timeout."""
+        return _wait_ready_file(self, started, pattern, timeout)
+
+    def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
+        return {st.pid: self.alive(st) for st in started}
+
+    def stop_many(self, started: Sequence[Started], timeout: float = 10.0) -> dict[int, str]:
+        """SIGTERM all, wait for all, then SIGKILL the survivors."""
+        out: dict[int, str] = {}
+        live = []
+        for st in started:
+            if not self.alive(st):
+                self._procs.pop(st.pid, None)
+                out[st.pid] = "not-running"
+                continue
+            try:
+                os.kill(st.pid, signal.SIGTERM)
+                live.append(st)
+            except ProcessLookupError:
+                out[st.pid] = "not-running"
+        deadline = time.monotonic() + timeout
+        for st in live:
+            if self._wait_gone(st, max(0.0, deadline - time.monotonic())):
+                out[st.pid] = "terminated"
+        for st in live:
+            if st.pid not in out:
+                try:
+                    os.kill(st.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                out[st.pid] = ("killed" if self._wait_gone(st, 5.0)
+                               else f"error: pid {st.pid} on {self.host} survived SIGKILL")
+            self._procs.pop(st.pid, None)
+        return out
+
+    def close(self) -> None:
+        pass
+
 
 # -- ssh -------------------------------------------------------------------------
 
@@ -296,7 +394,9 @@ class SSHHostConfig:
     ssh client command (e.g. ``["ip", "netns", "exec", "h1"]``).
     ``check_module`` is imported with the configured python and env before
     starting (None to skip). ``check_window`` is how long the remote side
-    watches the new process for an immediate exit.
+    watches the new process for an immediate exit. ``control_path`` turns on
+    connection sharing (``ControlMaster=auto``, ``ControlPersist``): later
+    sessions skip the key exchange; :meth:`SSHLauncher.close` ends the master.
     """
     target: str
     port: int = 22
@@ -313,6 +413,8 @@ class SSHHostConfig:
     check_module: str | None = "gridrpc"
     check_window: float = 1.0
     ssh_binary: str = "ssh"
+    control_path: str | None = None
+    control_persist: int = 30
 
     @property
     def python_executable(self) -> str:
@@ -372,6 +474,7 @@ class SSHLauncher:
     def __init__(self, host_config: SSHHostConfig) -> None:
         self.config = host_config
         self.host = host_config.target
+        self.checked = False  # set by a successful check(): start() then skips the python check
         for key in host_config.env:
             if not _ENV_KEY.match(key):
                 raise LaunchError(f"invalid environment variable name {key!r}", host=self.host)
@@ -391,6 +494,9 @@ class SSHLauncher:
                  "-o", f"ConnectTimeout={max(1, int(c.connect_timeout))}",
                  "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
                  "-p", str(c.port)]
+        if c.control_path:
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={c.control_path}",
+                     "-o", f"ControlPersist={int(c.control_persist)}"]
         for opt in c.ssh_options:
             argv += [opt] if opt.startswith("-") else ["-o", opt]
         argv += ["-T", c.target, remote_cmd]
@@ -451,6 +557,8 @@ class SSHLauncher:
 
     def _check_script(self) -> str:
         c = self.config
+        if self.checked:
+            return ""
         py = _rpath(c.python_executable)
         s = (f'{py} -c "import sys; print(sys.version.split()[0])" >/dev/null 2>&1; rc=$?\n'
              f'if [ $rc -eq 126 ] || [ $rc -eq 127 ]; then echo "{_MARK} python"; exit {_RC_PYTHON}; fi\n')
@@ -475,12 +583,14 @@ class SSHLauncher:
 
     def check(self) -> str:
         """Preflight only: reach the host, enter the workdir, check python; return its version."""
+        self.checked = False
         script = self._prelude() + self._check_script() + f"{self._rpy()} -c 'import sys; print(sys.version.split()[0])'\n"
         res = self.run(script)
         self._raise_preflight(res)
         if res.returncode != 0:
             raise LaunchError(f"preflight on {self.host} failed ({res.returncode}): {res.stderr.strip()}",
                               host=self.host)
+        self.checked = True
         return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
 
     def _rpy(self) -> str:
@@ -552,6 +662,108 @@ class SSHLauncher:
     def logs(self, started: Started, lines: int = 50) -> str:
         res = self.run(f"tail -n {int(lines)} {shlex.quote(started.log_path)} 2>/dev/null; exit 0\n")
         return res.stdout
+
+    def wait_ready(self, started: Started, pattern: str, timeout: float) -> str:
+        """Wait (on the host, in one ssh session) until a log line matches the
+        extended regex ``pattern``; return it. Raises :class:`NotReady`."""
+        pid, st, logf = started.pid, shlex.quote(started.pid_start), shlex.quote(started.log_path)
+        steps = max(1, int(timeout * 10))
+        pat = shlex.quote(pattern)
+        script = _SH_ALIVE + (
+            f"i=0; while :; do\n"
+            f"  line=$(grep -m1 -E {pat} {logf} 2>/dev/null) && {{ echo \"{_MARK} ready\"; printf '%s\\n' \"$line\"; exit 0; }}\n"
+            f"  if ! alive {pid} {st}; then\n"
+            f"    line=$(grep -m1 -E {pat} {logf} 2>/dev/null) && {{ echo \"{_MARK} ready\"; printf '%s\\n' \"$line\"; exit 0; }}\n"
+            f"    echo \"{_MARK} exited\"; tail -n 30 {logf} 2>/dev/null; exit 0; fi\n"
+            f"  [ $i -ge {steps} ] && {{ echo \"{_MARK} timeout\"; tail -n 30 {logf} 2>/dev/null; exit 0; }}\n"
+            "  sleep 0.1; i=$((i+1))\n"
+            "done\n")
+        res = self.run(script, timeout=self.config.connect_timeout + timeout + 30)
+        m = re.search(rf"^{_MARK} (ready|exited|timeout)$", res.stdout, re.M)
+        if not m:
+            raise LaunchError(f"waiting for {started.name or pid} on {self.host} failed ({res.returncode}): "
+                              f"{(res.stdout + res.stderr).strip()}", host=self.host)
+        rest = res.stdout[m.end():].lstrip("\n")
+        if m.group(1) == "ready":
+            return rest.splitlines()[0] if rest else ""
+        who = f"{started.name or 'element'} (pid {pid})"
+        if m.group(1) == "exited":
+            raise NotReady(f"{who} exited on {self.host} before it was ready; log {started.log_path}, "
+                           f"tail:\n{rest}", host=self.host, log_tail=rest, exited=True)
+        raise NotReady(f"{who} on {self.host} not ready after {timeout:.0f}s; log {started.log_path}, "
+                       f"tail:\n{rest}", host=self.host, log_tail=rest)
+
+    def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
+        """One ssh session for all: {pid: alive}."""
+        if not started:
+            return {}
+        script = _SH_ALIVE + "".join(
+            f'alive {st.pid} {shlex.quote(st.pid_start)} && echo "{_MARK} {st.pid} 1" || '
+            f'echo "{_MARK} {st.pid} 0"\n' for st in started)
+        res = self.run(script)
+        seen = {int(p): f == "1" for p, f in re.findall(rf"^{_MARK} (\d+) ([01])$", res.stdout, re.M)}
+        return {st.pid: seen.get(st.pid, False) for st in started}
+
+    def stop_many(self, started: Sequence[Started], timeout: float = 10.0) -> dict[int, str]:
+        """TERM all, wait up to ``timeout`` for all, KILL survivors: one ssh session.
+        Returns {pid: "not-running" | "terminated" | "killed" | "error: ..."}."""
+        if not started:
+            return {}
+        pairs = " ".join(f"{st.pid}:{st.pid_start or '-'}" for st in started)
+        steps = max(1, int(timeout * 10))
+        script = _SH_ALIVE + f"""
+pairs={shlex.quote(pairs)}
+st_of() {{ s=${{1#*:}}; [ "$s" = - ] && s=; printf '%s' "$s"; }}
+live=
+for pp in $pairs; do
+  p=${{pp%%:*}}
+  if alive "$p" "$(st_of "$pp")"; then kill -TERM "$p" 2>/dev/null; live="$live $pp"
+  else echo "{_MARK} $p not-running"; fi
+done
+i=0
+while [ -n "$live" ] && [ $i -lt {steps} ]; do
+  sleep 0.1; i=$((i+1)); next=
+  for pp in $live; do
+    p=${{pp%%:*}}
+    if alive "$p" "$(st_of "$pp")"; then next="$next $pp"; else echo "{_MARK} $p terminated"; fi
+  done
+  live=$next
+done
+for pp in $live; do kill -KILL "${{pp%%:*}}" 2>/dev/null; done
+i=0
+while [ -n "$live" ] && [ $i -lt 50 ]; do
+  next=
+  for pp in $live; do
+    p=${{pp%%:*}}
+    if alive "$p" "$(st_of "$pp")"; then next="$next $pp"; else echo "{_MARK} $p killed"; fi
+  done
+  live=$next; [ -n "$live" ] && sleep 0.1; i=$((i+1))
+done
+for pp in $live; do echo "{_MARK} ${{pp%%:*}} survived"; done
+exit 0
+"""
+        res = self.run(script, timeout=self.config.connect_timeout + timeout + 40)
+        got = {int(p): r for p, r in re.findall(rf"^{_MARK} (\d+) (\S+)$", res.stdout, re.M)}
+        out = {}
+        for st in started:
+            r = got.get(st.pid)
+            out[st.pid] = (r if r in ("not-running", "terminated", "killed") else
+                           f"error: pid {st.pid} on {self.host} "
+                           + ("survived SIGKILL" if r == "survived" else
+                              f"not reported: {(res.stdout + res.stderr).strip()[-300:]}"))
+        return out
+
+    def close(self) -> None:
+        """End the shared connection (if ``control_path``); never raises."""
+        c = self.config
+        if not c.control_path:
+            return
+        argv = [*c.wrapper, c.ssh_binary] + (["-F", c.ssh_config] if c.ssh_config else []) + [
+            "-o", f"ControlPath={c.control_path}", "-O", "exit", "-p", str(c.port), c.target]
+        try:
+            subprocess.run(argv, capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
 
 
 # -- slurm -------------------------------------------------------------------------
@@ -628,3 +840,41 @@ class SlurmLauncher:
 
     def logs(self, started: Started, lines: int = 50) -> str:
         return self._local.logs(started, lines)
+
+    def wait_ready(self, started: Started, pattern: str, timeout: float) -> str:
+        return _wait_ready_file(self, started, pattern, timeout)
+
+    def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
+        return {st.pid: self.alive(st) for st in started}
+
+    def stop_many(self, started: Sequence[Started], timeout: float = 10.0) -> dict[int, str]:
+        """SIGTERM every srun (forwarded to its step), wait, then scancel the
+        steps still there and SIGKILL their srun."""
+        out: dict[int, str] = {}
+        live = []
+        for st in started:
+            if not self.alive(st):
+                out[st.pid] = "not-running"
+                continue
+            try:
+                os.kill(st.pid, signal.SIGTERM)
+                live.append(st)
+            except ProcessLookupError:
+                out[st.pid] = "terminated"
+        deadline = time.monotonic() + timeout
+        for st in live:
+            if self._local._wait_gone(st, max(0.0, deadline - time.monotonic())):
+                out[st.pid] = "terminated"
+        for st in live:
+            if st.pid not in out:
+                for step_id in self._step_ids(st.step):
+                    subprocess.run([self.scancel, step_id], capture_output=True, timeout=30)
+                try:
+                    self._local.stop(st, timeout=0)
+                    out[st.pid] = "killed"
+                except LaunchError as exc:
+                    out[st.pid] = f"error: {exc}"
+        return out
+
+    def close(self) -> None:
+        pass

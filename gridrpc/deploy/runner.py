@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -49,6 +50,7 @@ class Deployment:
         self.started: dict[str, Started] = {}
         self.addresses: dict[str, str] = {}
         self._launchers: dict[str, object] = {}
+        self._state_lock = threading.Lock()     # elements of one level start in parallel threads
 
     # -- launchers ----------------------------------------------------------
     def launcher(self, host_name: str):
@@ -188,14 +190,15 @@ class Deployment:
 
     # -- state ----------------------------------------------------------------
     def _save_state(self) -> None:
-        data = {"name": self.spec.name, "spec_path": self.spec.path,
-                "ma": self.addresses.get(self.spec.ma.name),
-                "elements": {n: {"started": s.to_dict(), "address": self.addresses.get(n),
-                                 "host": self.spec.element(n).host, "kind": self.spec.element(n).kind}
-                             for n, s in self.started.items()}}
-        tmp = self.state_dir / "state.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, self.state_dir / "state.json")
+        with self._state_lock:
+            data = {"name": self.spec.name, "spec_path": self.spec.path,
+                    "ma": self.addresses.get(self.spec.ma.name),
+                    "elements": {n: {"started": s.to_dict(), "address": self.addresses.get(n),
+                                     "host": self.spec.element(n).host, "kind": self.spec.element(n).kind}
+                                 for n, s in list(self.started.items())}}
+            tmp = self.state_dir / f"state.json.{threading.get_ident()}.tmp"
+            tmp.write_text(json.dumps(data, indent=2))
+            os.replace(tmp, self.state_dir / "state.json")
 
     @classmethod
     def load_state(cls, state_dir: str | Path, spec: DeploymentSpec | None = None) -> "Deployment":

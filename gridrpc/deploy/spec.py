@@ -13,9 +13,17 @@
 
 ``host`` is ``localhost`` (this machine) or a key of ``hosts``. Each host may
 give ``address`` (the IP elements bind and advertise; default 127.0.0.1 for
-localhost, else the ssh host name), ``ssh``, ``port``, ``key``,
-``known_hosts``, ``python`` or ``venv``, ``workdir``, ``env``,
-``ssh_options``, ``wrapper``, or ``launcher: slurm`` with ``node``.
+localhost, else the ssh host name or the Slurm node name), ``ssh`` (``host``
+or ``user@host``), ``user``, ``port``, ``key``, ``known_hosts``,
+``ssh_config``, ``connect_timeout``, ``python`` or ``venv``, ``workdir``,
+``env``, ``ssh_options``, ``wrapper``, ``orphan_timeout``, or
+``launcher: slurm`` with ``node``.
+
+``orphan_timeout`` (seconds, or ``null`` for never) says how long an agent or
+SeD keeps running once its parent is gone for good and nothing runs on it.
+It is taken from the element, else its host, else the top-level
+``orphan_timeout``, else :data:`DEFAULT_ORPHAN_TIMEOUT` for ssh and slurm
+hosts (nothing for local ones). See docs/deployment.md.
 """
 from __future__ import annotations
 
@@ -28,6 +36,12 @@ import yaml
 from ..errors import ConfigError
 
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
+DEFAULT_ORPHAN_TIMEOUT = 30.0
+_UNSET = object()
+_HOST_KEYS = {"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
+              "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
+              "orphan_timeout", "srun_args", "seds", "agents"}
+_TOP_KEYS = {"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout"}
 _SED_KEYS = {"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
              "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
              "scheduler", "partition", "options"}
@@ -49,6 +63,18 @@ class HostSpec:
     ssh_options: tuple = ()
     wrapper: tuple = ()
     node: str | None = None
+    user: str | None = None
+    ssh_config: str | None = None
+    connect_timeout: float = 10.0
+    orphan_timeout: object = _UNSET      # float | None | _UNSET (not given)
+    srun_args: tuple = ()
+
+    @property
+    def target(self) -> str | None:
+        """The ssh destination, ``user@host`` when a user is given."""
+        if not self.ssh:
+            return None
+        return self.ssh if "@" in self.ssh or not self.user else f"{self.user}@{self.ssh}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +96,22 @@ class DeploymentSpec:
     hb_interval: float = 1.0
     hb_timeout: float = 3.0
     path: str | None = None
+    orphan_timeout: object = _UNSET
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def host(self, name: str) -> HostSpec:
+        return self.hosts["localhost" if name in LOCAL_HOSTS else name]
+
+    def orphan_timeout_for(self, e: ElementSpec) -> float | None:
+        """Element's ``orphan_timeout``, else its host's, else the deployment's,
+        else 30 s on ssh/slurm hosts and none on local ones (MA: always none)."""
+        if e.kind == "ma":
+            return None
+        for value in (e.options.get("orphan_timeout", _UNSET), self.host(e.host).orphan_timeout,
+                      self.orphan_timeout):
+            if value is not _UNSET:
+                return None if value is None else float(value)
+        return DEFAULT_ORPHAN_TIMEOUT if self.host(e.host).launcher in ("ssh", "slurm") else None
 
     @property
     def ma(self) -> ElementSpec:
@@ -112,15 +154,34 @@ def _req(d: Any, what: str) -> dict:
     return d
 
 
+def _timeout(d: dict, what: str):
+    """``orphan_timeout`` of a mapping: _UNSET when absent, None for null/never, else > 0."""
+    if "orphan_timeout" not in d:
+        return _UNSET
+    v = d["orphan_timeout"]
+    if v is None or v in ("never", "none", False):
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: orphan_timeout must be a number of seconds or null") from None
+    if v <= 0:
+        raise ConfigError(f"{what}: orphan_timeout must be > 0 (or null for never)")
+    return v
+
+
 def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> DeploymentSpec:
     data = _req(data, "the deployment file")
-    unknown = set(data) - {"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat"}
+    unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"unknown top-level keys: {', '.join(sorted(unknown))}")
     hosts = {"localhost": HostSpec(name="localhost")}
     for hname, h in (_req(data.get("hosts") or {}, "hosts")).items():
         h = _req(h, f"host {hname}")
-        launcher = h.get("launcher") or ("ssh" if h.get("ssh") else "local")
+        bad = set(h) - _HOST_KEYS
+        if bad:
+            raise ConfigError(f"host {hname}: unknown keys {', '.join(sorted(bad))}")
+        launcher = h.get("launcher") or ("ssh" if h.get("ssh") else "slurm" if h.get("node") else "local")
         if launcher not in ("local", "ssh", "slurm"):
             raise ConfigError(f"host {hname}: launcher must be local, ssh or slurm")
         if launcher == "ssh" and not h.get("ssh"):
@@ -131,20 +192,32 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
             name=hname, launcher=launcher, address=str(address), ssh=h.get("ssh"), port=int(h.get("port", 22)),
             key=h.get("key"), known_hosts=h.get("known_hosts"), python=h.get("python"), venv=h.get("venv"),
             workdir=h.get("workdir"), env={str(k): str(v) for k, v in (h.get("env") or {}).items()},
-            ssh_options=tuple(h.get("ssh_options") or ()), wrapper=tuple(h.get("wrapper") or ()),
-            node=h.get("node"))
+            ssh_options=tuple(str(o) for o in h.get("ssh_options") or ()),
+            wrapper=tuple(str(w) for w in h.get("wrapper") or ()),
+            node=h.get("node"), user=h.get("user"), ssh_config=h.get("ssh_config"),
+            connect_timeout=float(h.get("connect_timeout", 10.0)),
+            orphan_timeout=_timeout(h, f"host {hname}"),
+            srun_args=tuple(str(a) for a in h.get("srun_args") or ()))
     hb = _req(data.get("heartbeat") or {}, "heartbeat")
+    if not data.get("master_agent"):
+        raise ConfigError("the deployment file needs a 'master_agent: {name: MA, host: ..., port: ...}' entry")
     ma = _req(data.get("master_agent"), "master_agent")
+    bad = set(ma) - {"name", "host", "port", "http_port"}
+    if bad:
+        raise ConfigError(f"master_agent: unknown keys {', '.join(sorted(bad))}")
     elements = [ElementSpec(name=str(ma.get("name", "MA")), kind="ma", host=str(ma.get("host", "localhost")),
                             port=int(ma.get("port", 5555)), http_port=ma.get("http_port"))]
     for la in data.get("local_agents") or []:
         la = _req(la, "a local agent")
         if "name" not in la or "parent" not in la:
             raise ConfigError(f"local agent {la}: 'name' and 'parent' are required")
+        bad = set(la) - {"name", "parent", "host", "port", "orphan_timeout"}
+        if bad:
+            raise ConfigError(f"local agent {la['name']}: unknown keys {', '.join(sorted(bad))}")
+        la_ot = _timeout(la, f"local agent {la['name']}")
         elements.append(ElementSpec(name=str(la["name"]), kind="la", host=str(la.get("host", "localhost")),
                                     parent=str(la["parent"]), port=int(la.get("port", 0)),
-                                    options={k: v for k, v in la.items()
-                                             if k in ("orphan_timeout",)}))
+                                    options={} if la_ot is _UNSET else {"orphan_timeout": la_ot}))
     for sed in data.get("seds") or []:
         sed = _req(sed, "a SeD")
         if "name" not in sed or "parent" not in sed:
@@ -152,11 +225,12 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
         bad = set(sed) - _SED_KEYS
         if bad:
             raise ConfigError(f"SeD {sed['name']}: unknown keys {', '.join(sorted(bad))}")
+        sed_ot = _timeout(sed, f"SeD {sed['name']}")
         if not sed.get("services") and not sed.get("examples"):
             raise ConfigError(f"SeD {sed['name']}: give 'services: [module:function, ...]' (or 'examples: true')")
         elements.append(ElementSpec(name=str(sed["name"]), kind="sed", host=str(sed.get("host", "localhost")),
                                     parent=str(sed["parent"]), port=int(sed.get("port", 0)),
-                                    options={k: v for k, v in sed.items()
+                                    options={k: (sed_ot if k == "orphan_timeout" else v) for k, v in sed.items()
                                              if k not in ("name", "parent", "host", "port")}))
     names = [e.name for e in elements]
     dup = {n for n in names if names.count(n) > 1}
@@ -170,6 +244,6 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
             raise ConfigError(f"{e.name}: host {e.host!r} is not 'localhost' nor listed under hosts:")
     spec = DeploymentSpec(name=str(data.get("name") or name), elements=tuple(elements), hosts=hosts,
                           hb_interval=float(hb.get("interval", 1.0)), hb_timeout=float(hb.get("timeout", 3.0)),
-                          path=path)
+                          path=path, orphan_timeout=_timeout(data, "the deployment"), raw=data)
     spec.ordered()
     return spec

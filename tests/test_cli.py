@@ -1,0 +1,81 @@
+"""The gridrpc command: help texts, clear errors, call/services against a
+real process tree, deploy of the ready local file, and the demo."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.proc_tree import free_port
+
+PY = [sys.executable, "-m", "gridrpc"]
+
+
+def run(*args, timeout=60, env=None):
+    return subprocess.run([*PY, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("cmd", [[], ["ma"], ["la"], ["sed"], ["call"], ["services"], ["demo"],
+                                 ["deploy"], ["deploy", "up"], ["discover"]])
+def test_help(cmd):
+    r = run(*cmd, "--help")
+    assert r.returncode == 0 and "usage" in r.stdout.lower()
+
+
+def test_sed_without_services_is_a_clear_error():
+    r = run("sed", "--name", "x", "--parent", "tcp://127.0.0.1:1")
+    assert r.returncode != 0 and "--service" in r.stderr
+
+
+def test_sed_bad_service_spec_is_a_clear_error():
+    r = run("sed", "--name", "x", "--service", "no_such_module_zz:f")
+    assert r.returncode == 2 and "cannot load service" in r.stderr
+
+
+def test_sed_unknown_queue_is_a_clear_error():
+    r = run("sed", "--name", "x", "--examples", "--queue", "lifo")
+    assert r.returncode != 0 and "unknown queue policy" in r.stderr
+
+
+def test_call_and_services_against_processes(proc_tree):
+    ma = proc_tree.start("ma", "MA")
+    proc_tree.sed("s1", ma.address)
+    from gridrpc.testing import wait_for
+    import gridrpc
+    with gridrpc.Client(ma.address) as c:
+        wait_for(lambda: "add" in c.services(), 10, "services")
+    r = run("call", "add", "2", "40", "--ma", ma.address)
+    assert r.returncode == 0 and r.stdout.strip() == "42" and "s1" in r.stderr
+    r = run("call", "echo", '{"a": [1, 2]}', "--ma", ma.address)
+    assert r.stdout.strip() == '{"a": [1, 2]}'
+    r = run("call", "fail", "oops", "--ma", ma.address)
+    assert r.returncode == 1 and "RuntimeError" in r.stderr and "oops" in r.stderr
+    r = run("call", "nothing_here", "--ma", ma.address)
+    assert r.returncode == 1 and "ServiceNotFound" in r.stderr
+    r = run("services", "--ma", ma.address)
+    assert r.returncode == 0 and "add(x:int, y:int)" in r.stdout
+    r = run("discover", "add", "--ma", ma.address)
+    assert r.returncode == 0 and "s1" in r.stdout
+
+
+def test_call_unreachable_ma():
+    r = run("call", "add", "1", "2", "--ma", f"tcp://127.0.0.1:{free_port()}", "--timeout", "2")
+    assert r.returncode == 1 and "did not answer" in r.stderr
+
+
+def test_deploy_bad_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("master_agent: [unclosed\n")
+    r = run("deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
+    assert r.returncode == 1 and "not valid YAML" in r.stderr
+    r = run("deploy", "up", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 1 and "not found" in r.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_and_exits_zero():
+    r = run("demo", "--calls", "10", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "demo finished" in r.stdout and "cancelled" in r.stdout
+    assert "WorkerDied" in r.stdout and "add(20, 22) = 42" in r.stdout

@@ -13,6 +13,7 @@ Policies are small classes behind :class:`QueuePolicy`, registered by name in
 """
 from __future__ import annotations
 
+import collections
 import random
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping, Protocol, Sequence
@@ -77,13 +78,18 @@ def register_policy(cls: type) -> type:
     return cls
 
 
-def make_policy(name: str) -> QueuePolicy:
+def make_policy(name: str, **options) -> QueuePolicy:
+    """A policy by name with its options (e.g. ``make_policy("ethic", kill_grace=2.0)``)."""
     # import for registration side effects of the built-in policies
     from . import queue_ethic  # noqa: F401
     try:
-        return POLICIES[name]()
+        cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown queue policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ValueError(f"bad options for queue policy {name!r}: {exc}") from None
 
 
 @dataclass
@@ -97,6 +103,8 @@ class SedScheduler:
     allocated: dict[str, float] = field(default_factory=dict)    # user -> server-seconds (closed work)
     _seq: int = 0
     seen: set[str] = field(default_factory=set)
+    seen_order: collections.deque = field(default_factory=collections.deque)
+    seen_limit: int = 200_000         # ids remembered to refuse duplicates (bounded memory)
 
     # -- inputs ---------------------------------------------------------
     def submit(self, req: Request, now: float) -> list[Action]:
@@ -104,6 +112,9 @@ class SedScheduler:
         if req.id in self.seen:
             return []
         self.seen.add(req.id)
+        self.seen_order.append(req.id)
+        if len(self.seen_order) > self.seen_limit:
+            self.seen.discard(self.seen_order.popleft())
         self._seq += 1
         if req.seq == 0:
             req = Request(id=req.id, user=req.user, service=req.service, optional=req.optional,
@@ -125,6 +136,17 @@ class SedScheduler:
             actions.append(Kill(request_id, "cancelled"))
         self._close(request_id, now)
         return actions + self._reschedule(now)
+
+    def tick(self, now: float) -> list[Action]:
+        """Re-evaluate without an event (policies with time-dependent rules,
+        e.g. ethic's kill_grace); call at :meth:`next_wakeup`."""
+        return self._reschedule(now)
+
+    def next_wakeup(self, now: float) -> float | None:
+        fn = getattr(self.policy, "next_wakeup", None)
+        if fn is None:
+            return None
+        return fn(list(self.requests.values()), self.running, now)
 
     # -- queries --------------------------------------------------------
     def waiting(self) -> list[Request]:

@@ -70,6 +70,7 @@ class Replica:
     link: ParentLink | None = None
     completed: int = 0
     failed: int = 0
+    timer: asyncio.TimerHandle | None = None
 
 
 class SeD:
@@ -89,7 +90,10 @@ class SeD:
             raise ConfigError("replicas must be >= 1")
         if isolation not in ("process", "inline"):
             raise ConfigError("isolation must be 'process' or 'inline'")
-        make_policy(queue)  # validate early: unknown names raise a clear error
+        try:
+            make_policy(queue, **(queue_options or {}))   # validate early: clear errors
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.name = name
         self.parent = parent
         self.bind_address = address
@@ -107,7 +111,7 @@ class SeD:
         width = len(str(replicas))
         names = [name] if replicas == 1 else [f"{name}-{i:0{width}d}" for i in range(1, replicas + 1)]
         self.replicas: dict[str, Replica] = {
-            n: Replica(name=n, scheduler=SedScheduler(policy=make_policy_with(queue, self.queue_options),
+            n: Replica(name=n, scheduler=SedScheduler(policy=make_policy(queue, **self.queue_options),
                                                       max_concurrent=max_concurrent,
                                                       rng=random.Random(rng.random())))
             for n in names}
@@ -378,6 +382,19 @@ class SeD:
 
     # -- execution ------------------------------------------------------
     def _apply(self, r: Replica, actions: list) -> None:
+        self._apply_actions(r, actions)
+        wake = r.scheduler.next_wakeup(time.time())
+        if wake is not None:
+            loop = asyncio.get_running_loop()
+            if r.timer is not None:
+                r.timer.cancel()
+            r.timer = loop.call_later(max(0.0, wake - time.time()) + 0.001, self._tick, r)
+
+    def _tick(self, r: Replica) -> None:
+        r.timer = None
+        self._apply(r, r.scheduler.tick(time.time()))
+
+    def _apply_actions(self, r: Replica, actions: list) -> None:
         for a in actions:
             call = self.calls.get(a.request_id)
             if call is None:
@@ -467,15 +484,6 @@ class SeD:
         return {"name": self.name, "address": self.address, "replicas": len(self.replicas),
                 "workers": len(self.pool.workers), **self.stats,
                 "queues": {n: r.scheduler.statistics() for n, r in self.replicas.items()}}
-
-
-def make_policy_with(name: str, options: dict):
-    pol = make_policy(name)
-    for k, v in options.items():
-        if not hasattr(pol, k):
-            raise ConfigError(f"queue policy {name!r} has no option {k!r}")
-        setattr(pol, k, v)
-    return pol
 
 
 async def _run_inline(fn: Callable, args: list, kwargs: dict) -> tuple[bool, Any]:

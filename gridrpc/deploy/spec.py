@@ -40,7 +40,7 @@ DEFAULT_ORPHAN_TIMEOUT = 30.0
 _UNSET = object()
 _HOST_KEYS = {"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
               "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
-              "orphan_timeout", "srun_args", "seds", "agents"}
+              "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"}
 _TOP_KEYS = {"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout"}
 _SED_KEYS = {"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
              "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
@@ -68,6 +68,7 @@ class HostSpec:
     connect_timeout: float = 10.0
     orphan_timeout: object = _UNSET      # float | None | _UNSET (not given)
     srun_args: tuple = ()
+    ssh_multiplex: bool = True
 
     @property
     def target(self) -> str | None:
@@ -197,7 +198,8 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
             node=h.get("node"), user=h.get("user"), ssh_config=h.get("ssh_config"),
             connect_timeout=float(h.get("connect_timeout", 10.0)),
             orphan_timeout=_timeout(h, f"host {hname}"),
-            srun_args=tuple(str(a) for a in h.get("srun_args") or ()))
+            srun_args=tuple(str(a) for a in h.get("srun_args") or ()),
+            ssh_multiplex=bool(h.get("ssh_multiplex", True)))
     hb = _req(data.get("heartbeat") or {}, "heartbeat")
     if not data.get("master_agent"):
         raise ConfigError("the deployment file needs a 'master_agent: {name: MA, host: ..., port: ...}' entry")

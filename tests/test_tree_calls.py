@@ -248,3 +248,46 @@ def test_failover_to_next_candidate_when_chosen_sed_is_gone():
             assert [x.result(10) for x in calls] == [1, 2, 3, 4]
             assert all(x.server == alive.name for x in calls)
             assert any(len(x.attempts) == 2 for x in calls), "the dead SeD was never tried first"
+
+
+def test_priority_and_per_service_aggregators():
+    with LocalTree(las=1, seds_per_la=0, http=False) as t:
+        a = t.add_sed("fast", t.las[0].address, services=["add"])
+        b = t.add_sed("slow", t.las[0].address, services=["add"])
+        t.lt.call(lambda: a.add_service("speed", lambda: 1, estimate=lambda v, args: {"speed": 10},
+                                        aggregator={"name": "priority", "params": {"order": [["speed", "max"]]}}))
+        t.lt.call(lambda: b.add_service("speed", lambda: 1, estimate=lambda v, args: {"speed": 1}))
+        t.wait_registered(2)
+        with gridrpc.Client(t.ma_address) as c:
+            wait_for(lambda: "speed" in c.services(), 10, "speed service")
+            # the service's own aggregator (declared on the SeD) is used when the request names none
+            assert [s.name for s in c.discover("speed", 2)] == ["fast", "slow"]
+            # a per-request aggregator overrides it
+            order = c.discover("speed", 2, aggregator={"name": "priority", "params": {"order": [["speed", "min"]]}})
+            assert [s.name for s in order] == ["slow", "fast"]
+            assert c.discover("speed", 2)[0].estimation["speed"] == 10
+            with pytest.raises(gridrpc.InvalidArgument, match="unknown aggregator"):
+                c.discover("add", 2, aggregator="no-such")
+
+
+async def _async_usage(address):
+    async with gridrpc.AsyncClient(address, user="bob") as c:
+        assert await c.call("add", 1, 2) == 3
+        call = await c.submit("sleep", 0.1)
+        assert await call == 0.1 and call.server
+        servers = await c.discover("add", max_servers=2)
+        h = c.handle("add", server=servers[0])
+        assert await h(2, 3) == 5
+        slow = await c.submit("sleep", 30)
+        while not slow.server:
+            import asyncio
+            await asyncio.sleep(0.01)
+        assert await slow.acancel() is True
+        with pytest.raises(gridrpc.CallCancelled):
+            await slow
+        return True
+
+
+def test_async_client(tree):
+    import asyncio
+    assert asyncio.run(_async_usage(tree.ma_address))

@@ -179,13 +179,19 @@ class AsyncClient:
     # -- calls ------------------------------------------------------------
     async def call(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
                    timeout: float | None = None, aggregator: Any = None, **kwargs):
-        call = self.submit(service, *args, optional=optional, server=server, timeout=timeout,
-                           aggregator=aggregator, **kwargs)
+        call = self.submit_nowait(service, *args, optional=optional, server=server, timeout=timeout,
+                                  aggregator=aggregator, **kwargs)
         return await call
 
-    def submit(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-               timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
-        """Start a call and return its :class:`Call` at once (must run in the client's loop)."""
+    async def submit(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
+                     timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
+        """Start a call; returns its :class:`Call` at once (``await call`` for the result)."""
+        return self.submit_nowait(service, *args, optional=optional, server=server, timeout=timeout,
+                                  aggregator=aggregator, **kwargs)
+
+    def submit_nowait(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
+                      timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
+        """Like :meth:`submit`, as a plain function (call it from the client's loop)."""
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
@@ -389,8 +395,8 @@ class AsyncHandle:
     async def __call__(self, *args, **kwargs):
         return await self.client.call(self.service, *args, server=self.server, optional=self.optional, **kwargs)
 
-    def submit(self, *args, **kwargs) -> Call:
-        return self.client.submit(self.service, *args, server=self.server, optional=self.optional, **kwargs)
+    async def submit(self, *args, **kwargs) -> Call:
+        return self.client.submit_nowait(self.service, *args, server=self.server, optional=self.optional, **kwargs)
 
 
 def _fail(a: _Attempt, exc: BaseException) -> None:

@@ -75,7 +75,7 @@ class Client:
 
     def submit(self, service: str, *args, **kwargs) -> Call:
         async def _submit():
-            return self._aclient.submit(service, *args, **kwargs)
+            return self._aclient.submit_nowait(service, *args, **kwargs)
         return self._run(_submit())
 
     def call(self, service: str, *args, **kwargs):

@@ -37,6 +37,8 @@ class ChildRegistry:
         for s in header.get("services", []):
             if isinstance(s, dict) and isinstance(s.get("name"), str):
                 services[s["name"]] = {"doc": s.get("doc", ""), "params": s.get("params", [])}
+                if s.get("aggregator") is not None:
+                    services[s["name"]]["aggregator"] = s["aggregator"]
             elif isinstance(s, str):
                 services[s] = {"doc": "", "params": []}
         info = {k: header.get(k) for k in ("kind", "address", "host", "pid", "started")}
@@ -91,7 +93,9 @@ class ChildRegistry:
         out: dict[str, dict] = {}
         for c in self.children.values():
             for s, meta in c.services.items():
-                out.setdefault(s, dict(meta))
+                entry = out.setdefault(s, dict(meta))
+                if "aggregator" in meta and "aggregator" not in entry:   # any declaring child wins
+                    entry["aggregator"] = meta["aggregator"]
         return out
 
     def catalogue(self) -> dict[str, dict]:

@@ -90,7 +90,10 @@ class Agent:
         self.closed.set()
 
     def _orphaned(self) -> None:
-        log.warning("%s: parent gone for more than %.0fs: exiting", self.name, self.orphan_timeout)
+        if getattr(self, "_orphan_exit", False):  # called every heartbeat while orphaned: act once
+            return
+        self._orphan_exit = True
+        log.warning("%s: parent gone for more than %gs: exiting", self.name, self.orphan_timeout)
         asyncio.get_running_loop().create_task(self.aclose())
 
     # -- element info -----------------------------------------------------
@@ -197,6 +200,10 @@ class Agent:
         self.stats["discoveries"] += 1
         service = h["service"]
         k = max(1, min(int(h["k"]), 100000))
+        if h.get("aggregator") is None:       # the service's own default, else DIET's default
+            meta = self.registry.services().get(service)
+            if meta and meta.get("aggregator") is not None:
+                h = dict(h, aggregator=meta["aggregator"])
         try:
             agg = make_aggregator(h.get("aggregator"))
         except ValueError as exc:

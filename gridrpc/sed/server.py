@@ -129,22 +129,30 @@ class SeD:
         self.tmpdir = tempfile.mkdtemp(prefix=f"gridrpc-sed-{name}-")
 
     # -- services -------------------------------------------------------
-    def service(self, name: str | None = None, *, estimate: Callable | None = None, doc: str | None = None):
+    def service(self, name: str | None = None, *, estimate: Callable | None = None, doc: str | None = None,
+                aggregator: Any = None):
         """Decorator: ``@sed.service("add")``. ``estimate(vector, args)`` may
-        return a dict of tags that add to or override the standard ones."""
+        return a dict of tags that add to or override the standard ones.
+        ``aggregator`` (a name, ``{"name", "params"}`` or ``"pkg.mod:Class"``)
+        ranks this service's servers when a request names none."""
         if callable(name):  # used as @sed.service without parentheses
             fn, name = name, None
             self.add_service(fn.__name__, fn)
             return fn
 
         def deco(fn):
-            self.add_service(name or fn.__name__, fn, estimate=estimate, doc=doc)
+            self.add_service(name or fn.__name__, fn, estimate=estimate, doc=doc, aggregator=aggregator)
             return fn
         return deco
 
     def add_service(self, name: str, fn: Callable | str, *, estimate: Callable | None = None,
-                    doc: str | None = None) -> None:
-        svc = load_spec(f"{name}={fn}") if isinstance(fn, str) else make_service(name, fn, doc=doc, estimate=estimate)
+                    doc: str | None = None, aggregator: Any = None) -> None:
+        if isinstance(fn, str):
+            svc = load_spec(f"{name}={fn}")
+            if aggregator is not None:
+                svc.aggregator = aggregator
+        else:
+            svc = make_service(name, fn, doc=doc, estimate=estimate, aggregator=aggregator)
         self.services[svc.name] = svc
         self._fns[svc.name] = svc.fn
         if self.pool.loop is not None:

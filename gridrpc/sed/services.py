@@ -21,9 +21,13 @@ class Service:
     params: list[dict] = field(default_factory=list)
     estimate: Callable[[dict, list], dict | None] | None = None
     signature: inspect.Signature | None = None
+    aggregator: Any = None          # default aggregator for this service (name or spec)
 
     def describe(self) -> dict:
-        return {"name": self.name, "doc": self.doc, "params": self.params}
+        d = {"name": self.name, "doc": self.doc, "params": self.params}
+        if self.aggregator is not None:
+            d["aggregator"] = self.aggregator
+        return d
 
     def check(self, args: list, kwargs: dict) -> None:
         """Wrong number or type of arguments -> InvalidArgument, before queueing."""
@@ -47,7 +51,7 @@ class Service:
 
 
 def make_service(name: str | None, fn: Callable, *, doc: str | None = None,
-                 estimate: Callable | None = None) -> Service:
+                 estimate: Callable | None = None, aggregator: Any = None) -> Service:
     if not callable(fn):
         raise ConfigError(f"service {name!r}: {fn!r} is not callable")
     try:
@@ -66,7 +70,8 @@ def make_service(name: str | None, fn: Callable, *, doc: str | None = None,
                            "default": None if p.default is inspect.Parameter.empty else repr(p.default),
                            "kind": p.kind.name.lower()})
     return Service(name=name or fn.__name__, fn=fn, doc=doc if doc is not None else (inspect.getdoc(fn) or ""),
-                   params=params, estimate=estimate, signature=sig)
+                   params=params, estimate=estimate, signature=sig,
+                   aggregator=aggregator if aggregator is not None else getattr(fn, "__gridrpc_aggregator__", None))
 
 
 def load_spec(spec: str) -> Service:

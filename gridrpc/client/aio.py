@@ -204,6 +204,13 @@ class AsyncClient:
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "AsyncHandle":
         return AsyncHandle(self, service, server)
 
+    async def run_optional(self, service: str, mandatory=(), optional=(), deadline: float = 60.0,
+                           max_servers: int | None = None, **kw):
+        """Mandatory calls plus as many optional ones as fit before ``deadline``
+        (seconds from now); see :func:`gridrpc.client.optional.run_optional`."""
+        from .optional import run_optional
+        return await run_optional(self, service, mandatory, optional, deadline, max_servers, **kw)
+
     async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator):
         buffers: list = []
         tree_args = codec.encode(list(args), buffers, read_file)

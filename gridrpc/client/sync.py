@@ -87,6 +87,15 @@ class Client:
     def resolve(self, server: str) -> ServerInfo:
         return self._run(self._aclient.resolve(server))
 
+    def run_optional(self, service: str, mandatory=(), optional=(), deadline: float = 60.0,
+                     max_servers: int | None = None, **kw):
+        """Mandatory calls plus as many optional ones as fit before ``deadline``
+        (seconds from now); blocks until done. See
+        :func:`gridrpc.client.optional.run_optional`."""
+        from .optional import run_optional
+        return self._run(run_optional(self._aclient, service, mandatory, optional, deadline,
+                                      max_servers, **kw))
+
     def run_coroutine(self, coro, timeout: float | None = None):
         """Run a coroutine on the client's loop (for extensions)."""
         return self._run(coro, timeout)

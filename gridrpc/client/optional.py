@@ -1,0 +1,257 @@
+"""Optional computations from the client: ``run_optional`` (DIET-ethic).
+
+The runtime of the pure dispatchers of :mod:`gridrpc.core.dispatcher`: it
+discovers servers, applies the dispatcher's actions with real calls
+(:class:`~gridrpc.core.dispatcher.Submit` → a call bound to that server,
+:class:`~gridrpc.core.dispatcher.Cancel` → cancel it), feeds every reply back
+(:meth:`on_done`) and wakes the dispatcher at its deadline (:meth:`on_tick`),
+on the wall clock. Whatever happens (normal end, error, the caller's task
+being cancelled), every call still outstanding is cancelled before returning.
+
+Users call it through the clients::
+
+    async with gridrpc.AsyncClient(ma, user="alice") as client:
+        out = await client.run_optional("sleep", mandatory=[1.0] * 3,
+                                        optional=itertools.repeat(1.0), deadline=100)
+    out.mandatory      # the 3 mandatory results, in order
+    out.optional       # [(args, result), ...] of the optional calls that completed
+
+See ``docs/optional-computations.md``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from ..core.dispatcher import (Cancel, CallRecord, Finish, LegacyDispatcher, OptionalDispatcher, Submit,
+                               _Dispatcher)
+from ..errors import (CallCancelled, CallPreempted, CommunicationError, GridRPCError, NoServerAvailable,
+                      Timeout)
+from .call import Call, ServerInfo
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OptionalResult", "run_optional", "drive"]
+
+
+@dataclass
+class OptionalResult:
+    """What :func:`run_optional` returns.
+
+    ``mandatory``: the results of the mandatory calls, in the order of the
+    ``mandatory`` arguments (``None`` where one failed for good, see
+    ``errors``). ``optional``: ``(args, result)`` of every optional call that
+    completed, in completion order. ``errors``: index of a mandatory argument →
+    its exception. ``ok``: every mandatory call completed by the deadline.
+    ``records`` are the dispatcher's call records (every submission, with its
+    status), ``events`` the run's event log in the format of
+    :mod:`gridrpc.core.metrics` (user events and, from the servers' timing,
+    ``call_start``/``call_end``), on the ``clock`` given (default
+    :func:`time.time`)."""
+    mandatory: list
+    optional: list
+    errors: dict = field(default_factory=dict)
+    ok: bool = True
+    deadline: float = 0.0
+    mandatory_done_at: float | None = None
+    records: tuple[CallRecord, ...] = ()
+    events: list = field(default_factory=list)
+    statistics: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.mandatory) - len(self.errors) + len(self.optional)
+
+
+def _as_args(item: Any) -> tuple:
+    """A tuple is the positional arguments of one call; anything else is its
+    single argument."""
+    return item if isinstance(item, tuple) else (item,)
+
+
+def _classify(exc: BaseException) -> tuple[str, bool]:
+    """(event status, retry) for a failed call."""
+    if isinstance(exc, CallPreempted):
+        return "killed", True
+    if isinstance(exc, CallCancelled):
+        return "cancelled", True
+    if isinstance(exc, (CommunicationError, NoServerAvailable, Timeout)):
+        return "failed", True
+    return "failed", False
+
+
+async def drive(client, service: str, dispatcher: _Dispatcher, servers: Sequence[ServerInfo], *,
+                clock: Callable[[], float] = time.time, kwargs: dict | None = None,
+                cancel_timeout: float = 10.0) -> dict[str, Call]:
+    """Run ``dispatcher`` (not started yet) to its end with real calls of
+    ``service`` through ``client`` (an :class:`AsyncClient`), on ``clock``.
+    Returns every call made, by dispatcher key. On the way out, normal or not,
+    every outstanding call is cancelled and the cancellations awaited (each
+    at most ``cancel_timeout``)."""
+    by_name = {s.name: s for s in servers}
+    kwargs = kwargs or {}
+    calls: dict[str, Call] = {}
+    done_q: asyncio.Queue[str] = asyncio.Queue()
+    cancelling: list[asyncio.Task] = []
+    loop = asyncio.get_running_loop()
+
+    def apply(actions) -> None:
+        for a in actions:
+            if isinstance(a, Submit):
+                call = client.submit_nowait(service, *_as_args(a.args), optional=a.optional,
+                                     server=by_name[a.server], **kwargs)
+                calls[a.key] = call
+                call.add_done_callback(lambda _c, key=a.key: loop.call_soon_threadsafe(done_q.put_nowait, key))
+            elif isinstance(a, Cancel):
+                call = calls.get(a.key)
+                if call is not None and not call.done():
+                    cancelling.append(loop.create_task(_cancel(call, cancel_timeout)))
+            elif isinstance(a, Finish):
+                pass
+
+    try:
+        apply(dispatcher.start(clock()))
+        while not dispatcher.finished:
+            wake = dispatcher.next_deadline
+            try:
+                if wake is None:
+                    key = await done_q.get()
+                else:
+                    key = await asyncio.wait_for(done_q.get(), max(0.0, wake - clock()))
+            except asyncio.TimeoutError:
+                apply(dispatcher.on_tick(clock()))
+                continue
+            call = calls[key]
+            now = clock()
+            exc = call.exception(0) if call.done() else None
+            started = (call.timing or {}).get("started")
+            if exc is None:
+                apply(dispatcher.on_done(key, True, now, started=started))
+            else:
+                _status, retry = _classify(exc)
+                log.debug("optional run: call %s (%s) failed: %s", key, call.id, exc)
+                apply(dispatcher.on_done(key, False, now, retry=retry, started=started))
+    finally:
+        for key in dispatcher.outstanding:          # interrupted: the dispatcher did not clean up
+            call = calls.get(key)
+            if call is not None and not call.done():
+                cancelling.append(loop.create_task(_cancel(call, cancel_timeout)))
+        if cancelling:
+            await asyncio.shield(asyncio.gather(*cancelling, return_exceptions=True))
+        leftover = [c for c in calls.values() if not c.done()]
+        if leftover:
+            await asyncio.shield(asyncio.gather(*(_cancel(c, cancel_timeout) for c in leftover),
+                                                return_exceptions=True))
+    return calls
+
+
+async def _cancel(call: Call, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(call.acancel(), timeout)
+    except (asyncio.TimeoutError, GridRPCError):
+        log.info("cancel of %s on %s not confirmed", call.id, call.server)
+
+
+def call_events(calls: dict[str, Call], records: Iterable[CallRecord], user: str) -> list[dict]:
+    """``call_start``/``call_end`` events from the servers' timing of each call
+    (unix times). Calls that never started on a server give no event."""
+    recs = {r.key: r for r in records}
+    out: list[dict] = []
+    for key, call in calls.items():
+        timing = call.timing or {}
+        started, ended = timing.get("started"), timing.get("ended")
+        if started is None:
+            continue
+        rec = recs.get(key)
+        optional = rec.optional if rec is not None else call.optional
+        if not call.done():
+            status = None
+        else:
+            exc = call.exception(0)
+            status = "completed" if exc is None else _classify(exc)[0]
+        cid = call.id or key
+        out.append({"type": "call_start", "t": started, "call": cid, "user": user,
+                    "optional": optional, "server": call.server, "key": key})
+        if status is not None and ended is not None:
+            out.append({"type": "call_end", "t": ended, "call": cid, "status": status})
+    return out
+
+
+async def run_optional(client, service: str, mandatory: Sequence[Any] = (), optional: Iterable[Any] = (),
+                       deadline: float = 60.0, max_servers: int | None = None, *,
+                       servers: Sequence[ServerInfo] | None = None, n_submit: int | None = None,
+                       strict: bool = True, clock: Callable[[], float] = time.time,
+                       **kwargs) -> OptionalResult:
+    """Run ``mandatory`` calls of ``service`` and as many ``optional`` ones as
+    fit before ``deadline`` (seconds from now), fairly with other users when
+    the servers use the ``ethic`` queue.
+
+    Each item of ``mandatory``/``optional`` is the argument of one call (a
+    tuple is unpacked as positional arguments); ``optional`` may be lazy and
+    infinite. ``max_servers``: how many servers to discover (default: one per
+    request when ``optional`` has a length, else 1000); ``servers``: use these
+    instead of discovering. ``n_submit``: the *legacy* client instead (submit
+    ``n_submit`` requests at once, no optional feeding) — for baselines.
+    Extra keyword arguments go to every call. Returns an
+    :class:`OptionalResult`; with ``strict`` (default) a mandatory call that
+    failed for good raises its error after cleanup. Leaves when every
+    mandatory call is done and the deadline has passed (or earlier if
+    nothing is left to run); every call still running is then cancelled."""
+    if deadline < 0:
+        raise ValueError("deadline must be >= 0 seconds")
+    mandatory = [m for m in mandatory]
+    if servers is None:
+        if max_servers is None:
+            try:
+                max_servers = max(1, len(mandatory) + len(optional))   # type: ignore[arg-type]
+            except TypeError:
+                max_servers = 1000
+        servers = await client.discover(service, max_servers)
+        if not servers:
+            raise NoServerAvailable(f"no server offers {service!r}")
+    servers = list(servers)
+    start = clock()
+    abs_deadline = start + deadline
+    names = [s.name for s in servers]
+    if n_submit is None:
+        disp: _Dispatcher = OptionalDispatcher(mandatory, optional, abs_deadline, names)
+    else:
+        disp = LegacyDispatcher(n_submit, mandatory, optional, abs_deadline, names)
+    calls = await drive(client, service, disp, servers, clock=clock, kwargs=kwargs)
+    return _result(client, disp, calls, len(mandatory), strict)
+
+
+def _result(client, disp: _Dispatcher, calls: dict[str, Call], n_mandatory: int, strict: bool) -> OptionalResult:
+    mand: list = [None] * n_mandatory
+    errors: dict[int, BaseException] = {}
+    opt: list[tuple[Any, Any, float]] = []
+    for rec in disp.records:
+        call = calls.get(rec.key)
+        if call is None or not call.done():
+            continue
+        exc = call.exception(0)
+        if rec.optional:
+            if exc is None and rec.status == "completed":
+                opt.append((rec.args, call.result(0), rec.ended or 0.0))
+        else:
+            i = int(rec.slot[1:])
+            if exc is None:
+                mand[i] = call.result(0)
+                errors.pop(i, None)
+            elif rec.status == "failed" and mand[i] is None:
+                errors[i] = exc
+    opt.sort(key=lambda t: t[2])
+    user = getattr(client, "user", "anonymous")
+    events = disp.events(user) + call_events(calls, disp.records, user)
+    done_at = disp.mandatory_done_at
+    ok = not errors and done_at is not None and done_at <= disp.deadline
+    out = OptionalResult(mandatory=mand, optional=[(a, v) for a, v, _ in opt], errors=errors, ok=ok,
+                         deadline=disp.deadline, mandatory_done_at=done_at, records=disp.records,
+                         events=events, statistics=disp.statistics())
+    if strict and errors:
+        first = errors[min(errors)]
+        first.partial = out          # type: ignore[attr-defined]
+        raise first
+    return out

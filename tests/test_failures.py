@@ -111,6 +111,9 @@ def test_frozen_sed_dropped_then_back(proc_tree):
         wait_for(lambda: "s1" in tree_names(c), 10, "SeD")
         s1.signal(signal.SIGSTOP)
         try:
+            # silent past 2.5 heartbeat intervals: shown as lost, then dropped at the timeout
+            wait_for(lambda: any(e["name"] == "s1" and e["state"] == "lost" for e in c.tree()), 5,
+                     "frozen SeD shown as lost")
             wait_for(lambda: "s1" not in tree_names(c), 5, "frozen SeD dropped")
             with pytest.raises((gridrpc.ServiceNotFound, gridrpc.NoServerAvailable)):
                 c.call("add", 1, 1)

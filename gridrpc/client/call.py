@@ -71,8 +71,10 @@ class Call:
     def exception(self, timeout: float | None = None):
         try:
             self.result(timeout)
-        except Timeout:
-            raise
+        except Timeout as exc:
+            if not self._cf.done():
+                raise                   # not finished in time
+            return exc                  # the call itself failed with Timeout
         except BaseException as exc:  # noqa: BLE001
             return exc
         return None

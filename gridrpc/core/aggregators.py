@@ -43,6 +43,12 @@ def _num(est: dict, tag: str) -> float | None:
     return float(v)
 
 
+def _est(server: dict) -> dict:
+    """The estimation vector of an answer; a malformed one counts as empty."""
+    est = server.get("estimation")
+    return est if isinstance(est, dict) else {}
+
+
 def _keyed(servers, rng, key):
     """Sort by key, random tie-break (random key drawn once per server)."""
     decorated = [(key(s), rng.random(), s) for s in servers]
@@ -58,7 +64,7 @@ class DefaultAggregator:
 
     def rank(self, servers, rng):
         def key(s):
-            v = _num(s.get("estimation", {}), "time_since_last_solve")
+            v = _num(_est(s), "time_since_last_solve")
             return (0, -v) if v is not None else (1, 0.0)
         return _keyed(servers, rng, key)
 
@@ -68,18 +74,23 @@ class PriorityAggregator:
 
     def __init__(self, order: list | None = None, **params: Any) -> None:
         self.order = []
+        if not isinstance(order, (list, tuple, type(None))):
+            raise ValueError(f"priority aggregator: order must be a list of tags, not {order!r}")
         for item in order or []:
             if isinstance(item, str):
                 tag, direction = item.lstrip("+-"), "min" if item.startswith("-") else "max"
-            else:
+            elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str):
                 tag, direction = item[0], item[1]
+            else:
+                raise ValueError(f"priority aggregator: each order item must be 'tag', '-tag' "
+                                 f"or [tag, 'min'|'max'], not {item!r}")
             if direction not in ("min", "max"):
                 raise ValueError(f"priority aggregator: direction must be 'min' or 'max', not {direction!r}")
             self.order.append((str(tag), direction))
 
     def rank(self, servers, rng):
         def key(s):
-            est = s.get("estimation", {})
+            est = _est(s)
             out = []
             for tag, direction in self.order:
                 v = _num(est, tag)
@@ -111,8 +122,8 @@ class LeastWaitTimeAggregator:
         pass
 
     def rank(self, servers, rng):
-        return _keyed(servers, rng, lambda s: (_wait(s.get("estimation", {})),
-                                               _num(s.get("estimation", {}), "eft") or 0.0))
+        return _keyed(servers, rng, lambda s: (_wait(_est(s)),
+                                               _num(_est(s), "eft") or 0.0))
 
 
 class LeastSlowdownAggregator:
@@ -122,20 +133,22 @@ class LeastSlowdownAggregator:
         pass
 
     def rank(self, servers, rng):
-        return _keyed(servers, rng, lambda s: _slowdown(s.get("estimation", {})))
+        return _keyed(servers, rng, lambda s: _slowdown(_est(s)))
 
 
 class LeastCostAggregator:
     name: ClassVar[str] = "least_cost"
 
     def __init__(self, max_cost: float | None = None, **params: Any) -> None:
+        if max_cost is not None and (isinstance(max_cost, bool) or not isinstance(max_cost, (int, float))):
+            raise ValueError(f"least_cost aggregator: max_cost must be a number, not {max_cost!r}")
         self.max_cost = max_cost
 
     def rank(self, servers, rng):
         kept = [s for s in servers
-                if self.max_cost is None or (_num(s.get("estimation", {}), "price") or 0.0) <= self.max_cost]
-        return _keyed(kept, rng, lambda s: (_num(s.get("estimation", {}), "price") or 0.0,
-                                            _slowdown(s.get("estimation", {}))))
+                if self.max_cost is None or (_num(_est(s), "price") or 0.0) <= self.max_cost]
+        return _keyed(kept, rng, lambda s: (_num(_est(s), "price") or 0.0,
+                                            _slowdown(_est(s))))
 
 
 AGGREGATORS: dict[str, type] = {c.name: c for c in (

@@ -9,7 +9,7 @@ a small descriptor ``{"__t": kind, "i": buffer index, ...}``. Tags:
 ``i``       integer beyond 64 bits (as a decimal string)
 ``c``       complex (``re``, ``im`` each encoded like a float)
 ``b``       bytes / bytearray / memoryview (buffer)
-``nd``      numpy array: ``dtype`` (``dtype.str``, byte order kept), ``shape``, buffer
+``nd``      numpy array: ``dtype`` (``dtype.str``, byte order kept; structured: also ``descr``), ``shape``, buffer
 ``ns``      numpy scalar (a 0-d array read back with ``[()]``)
 ``file``    a :class:`File`: ``name`` and the content as a buffer
 ``t``       tuple

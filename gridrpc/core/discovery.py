@@ -98,17 +98,23 @@ class DiscoveryTable:
 
     def _with_recent(self, servers: list[dict], now: float) -> list[dict]:
         horizon = now - self.memory
-        for name in [n for n, ts in self.recent.items() if ts[-1] < horizon]:
-            del self.recent[name]
+        for name, ts in list(self.recent.items()):     # forget old choices (the lists would grow forever)
+            kept = [t for t in ts if t >= horizon]
+            if kept:
+                self.recent[name] = kept
+            else:
+                del self.recent[name]
         out = []
         for s in servers:
-            ts = [t for t in self.recent.get(s["name"], ()) if t >= horizon]
+            ts = self.recent.get(s["name"], ())
             if ts:
-                est = dict(s.get("estimation") or {})
+                est = dict(s["estimation"]) if isinstance(s.get("estimation"), dict) else {}
                 since = now - ts[-1]
                 tsls = est.get("time_since_last_solve")
                 est["time_since_last_solve"] = since if not isinstance(tsls, (int, float)) else min(tsls, since)
-                est["num_waiting"] = (est.get("num_waiting") or 0) + len(ts)
+                nw = est.get("num_waiting")
+                est["num_waiting"] = (nw if isinstance(nw, (int, float)) and not isinstance(nw, bool)
+                                      else 0) + len(ts)
                 s = {**s, "estimation": est}
             out.append(s)
         return out

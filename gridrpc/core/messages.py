@@ -91,9 +91,10 @@ def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
     if type(h) is not dict:
         raise ProtocolError("header must be a JSON object")
     v = h.get("v")
-    if v != PROTOCOL_VERSION:
+    if type(v) is not int or v != PROTOCOL_VERSION:       # true == 1 in Python, not on the wire
         raise ProtocolError(f"unsupported protocol version {v!r} (this peer speaks {PROTOCOL_VERSION})")
-    mt = _BY_VALUE.get(h.get("type"))  # type: ignore[arg-type]
+    t = h.get("type")
+    mt = _BY_VALUE.get(t) if type(t) is str else None     # a list or object is unhashable
     if mt is None:
         raise ProtocolError(f"unknown message type {h.get('type')!r}")
     if type(h.get("id")) is not str:

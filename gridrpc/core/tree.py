@@ -61,9 +61,10 @@ class ChildRegistry:
         if isinstance(header.get("load"), dict):
             child.load = header["load"]
         if isinstance(header.get("elements"), list):
-            if _shape(child.elements) != _shape(header["elements"]):
+            elements = [e for e in header["elements"] if isinstance(e, dict)]   # as in register
+            if _shape(child.elements) != _shape(elements):
                 self._changed()
-            child.elements = header["elements"]
+            child.elements = elements
         return True
 
     def remove(self, name: str) -> bool:
@@ -111,13 +112,15 @@ class ChildRegistry:
             cat.setdefault(s, {"doc": "", "params": [], "servers": []}).update(meta)
         return cat
 
-    def elements(self, now: float | None) -> list[dict]:
-        """Flattened subtree: each child then its descendants."""
+    def elements(self, now: float | None, lost_after: float | None = None) -> list[dict]:
+        """Flattened subtree: each child then its descendants. A child silent
+        for more than ``lost_after`` is shown ``lost`` until it is dropped."""
         out = []
         for c in self.children.values():
+            lost = now is not None and lost_after is not None and now - c.last_seen > lost_after
             out.append({"name": c.name, "parent": self.owner, **c.info,
                         "services": sorted(c.services) if c.info.get("kind") == "sed" else [],
-                        "state": "alive", "last_seen": c.last_seen, "load": c.load})
+                        "state": "lost" if lost else "alive", "last_seen": c.last_seen, "load": c.load})
             out.extend(c.elements)
         return out
 

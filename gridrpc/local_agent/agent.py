@@ -111,7 +111,7 @@ class Agent:
     def _elements(self) -> list[dict]:
         now_m, now_u = time.monotonic(), time.time()
         out = []
-        for e in self.registry.elements(now_m):
+        for e in self.registry.elements(now_m, lost_after=self.hb_interval * 2.5):
             e = dict(e)
             if "last_seen" in e:
                 e["last_heartbeat"] = now_u - (now_m - e.pop("last_seen"))

@@ -86,7 +86,7 @@ def load_spec(spec: str) -> Service:
         obj = importlib.import_module(mod)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:   # "" / ".rel" module names
         raise ConfigError(f"cannot load service {spec!r}: {exc}") from exc
     estimate = getattr(obj, "__gridrpc_estimate__", None)
     return make_service(name or attr.split(".")[-1], obj, estimate=estimate)

@@ -44,8 +44,13 @@ def state_root() -> Path:
     return Path(os.environ.get("GRIDRPC_HOME", Path.home() / ".gridrpc")) / "deployments"
 
 
+_print_lock = threading.Lock()
+
+
 def _print(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    with _print_lock:  # one write per line: progress comes from several threads
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
 
 
 def _first_line(text: str) -> str:
@@ -285,7 +290,10 @@ class Deployment:
         try:
             line = launcher.wait_ready(st, READY_PATTERN, self.ready_timeout)
         except NotReady as exc:
-            raise DeployError(f"{e.name} on host {e.host}: {exc}") from exc
+            what = ("exited before it was ready" if exc.exited
+                    else f"did not report READY within {self.ready_timeout:g}s")
+            raise DeployError(f"{e.name} on host {e.host} {what} (pid {st.pid}, log {st.log_path}); "
+                              f"log tail:\n{exc.log_tail.rstrip()}") from exc
         except LaunchError as exc:
             raise DeployError(f"{e.name} on host {e.host}: cannot watch its start-up: {exc}") from exc
         mt = READY_RE.search(line)
@@ -402,39 +410,38 @@ class Deployment:
 
     # -- down / status / logs -------------------------------------------------
     def down(self, quiet: bool = False) -> list[str]:
-        """Stop every started element, children first (each level: all hosts
-        in parallel, one ssh session per host). Returns the names stopped;
-        elements that could not be stopped stay in the state (see
-        ``down_errors``) so a later ``down`` can retry."""
+        """Stop every started element: all hosts in parallel, one ssh session
+        per host (SIGTERM to all, children listed first, SIGKILL after
+        ``stop_timeout``). Returns the names stopped; elements that could not
+        be stopped stay in the state (see ``down_errors``) so a later
+        ``down`` can retry."""
         stopped: list[str] = []
         self.down_errors = {}
-        for level in reversed(self.spec.ordered()):
-            names = [e.name for e in level if e.name in self.started]
-            groups = self._by_host(names)
+        order = [e.name for level in reversed(self.spec.ordered()) for e in level if e.name in self.started]
+        groups = self._by_host(order)
 
-            def stop_host(hn: str) -> None:
-                members = groups[hn]
-                try:
-                    res = self.launcher(hn).stop_many([self.started[n] for n in members],
-                                                      timeout=self.stop_timeout)
-                except (GridRPCError, ConfigError) as exc:
-                    ot = {n: self.spec.orphan_timeout_for(self.spec.element(n)) for n in members}
-                    hint = "" if any(v is None for v in ot.values()) else (
-                        f" (they exit by themselves {max(ot.values()):g}s after losing their parent)")
-                    res = {self.started[n].pid: f"error: {_first_line(exc)}{hint}" for n in members}
-                for n in members:
-                    r = res.get(self.started[n].pid, "error: no answer")
-                    with self._lock:
-                        if r.startswith("error"):
-                            self.down_errors[n] = r[len("error: "):]
-                        else:
-                            stopped.append(n)
-                    if not quiet or r.startswith("error"):
-                        self.progress(f"  {n} on {hn} (pid {self.started[n].pid}): {r}")
+        def stop_host(hn: str) -> None:
+            members = groups[hn]
+            try:
+                res = self.launcher(hn).stop_many([self.started[n] for n in members], timeout=self.stop_timeout)
+            except (GridRPCError, ConfigError) as exc:
+                ot = [self.spec.orphan_timeout_for(self.spec.element(n)) for n in members]
+                hint = "" if any(v is None for v in ot) else (
+                    f" (they exit by themselves {max(ot):g}s after losing their parent)")
+                res = {self.started[n].pid: f"error: {_first_line(exc)}{hint}" for n in members}
+            for n in members:
+                r = res.get(self.started[n].pid, "error: no answer")
+                with self._lock:
+                    if r.startswith("error"):
+                        self.down_errors[n] = r[len("error: "):]
+                    else:
+                        stopped.append(n)
+                if not quiet or r.startswith("error"):
+                    self.progress(f"  {n} on {hn} (pid {self.started[n].pid}): {r}")
 
-            if groups:
-                with cf.ThreadPoolExecutor(max_workers=min(16, len(groups))) as pool:
-                    list(pool.map(stop_host, groups))
+        if groups:
+            with cf.ThreadPoolExecutor(max_workers=min(16, len(groups))) as pool:
+                list(pool.map(stop_host, groups))
         with self._lock:
             for n in stopped:
                 self.started.pop(n, None)

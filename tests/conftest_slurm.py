@@ -1,0 +1,48 @@
+"""pytest fixtures for a private Slurm (see tests/slurm_cluster.py).
+
+Import them in a test module::
+
+    from tests.conftest_slurm import slurm_cluster, slurm_cluster2  # noqa: F401
+
+Both are module-scoped: one private cluster per test module, started in ~1 s,
+torn down (jobs cancelled, daemons ended) when the module's tests are done.
+They skip when Slurm/munge are not installed (``scripts/install-test-deps``).
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.slurm_cluster import PrivateSlurm, slurm_installed
+
+__all__ = ["slurm_cluster", "slurm_cluster2", "require_slurm"]
+
+SKIP_MESSAGE = ("Slurm is not installed (slurmctld, slurmd, munged, sbatch or sinfo missing); "
+                "run `scripts/install-test-deps` as root to install it")
+
+
+def require_slurm() -> None:
+    """Skip the calling test when the Slurm daemons are absent."""
+    if not slurm_installed():
+        pytest.skip(SKIP_MESSAGE)
+
+
+def _cluster(tmp_path_factory, name: str, **kwargs):
+    require_slurm()
+    workdir = tmp_path_factory.mktemp(f"slurm-{name}-", numbered=True)
+    with PrivateSlurm(workdir, name=name, **kwargs) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A private Slurm ``PrivateSlurm(name="c1")``: node ``c1node1``,
+    partition ``debug`` (default, unlimited) plus ``short`` (MaxTime 30 min)."""
+    yield from _cluster(tmp_path_factory, "c1", cpus=2,
+                        extra_conf="PartitionName=short Nodes={node} MaxTime=30:00 State=UP")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster2(tmp_path_factory):
+    """A second, independent private Slurm (``name="c2"``, node ``c2node1``),
+    to run side by side with ``slurm_cluster``."""
+    yield from _cluster(tmp_path_factory, "c2", cpus=2)

@@ -148,23 +148,30 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
             return {_hashable(decode(k, buffers, file_writer)): decode(v, buffers, file_writer)
                     for k, v in tree["v"]}
         if tag == "b":
-            return bytes(buffers[tree["i"]])
+            return bytes(buffers[_index(tree)])
         if tag in ("nd", "ns"):
             dtype = (np.lib.format.descr_to_dtype(_descr(tree["descr"])) if "descr" in tree
                      else np.dtype(tree["dtype"]))
             if dtype.hasobject:
                 raise ProtocolError("object arrays are refused")
             shape = tuple(int(s) for s in tree["shape"])
-            buf = buffers[tree["i"]]
+            buf = buffers[_index(tree)]
             arr = np.frombuffer(buf, dtype=dtype) if len(memoryview(buf)) else np.empty(0, dtype)
             arr = arr.reshape(shape, order=tree.get("order", "C")).copy(order="K")
             return arr[()] if tag == "ns" else arr
         if tag == "file":
-            ref = FileRef(name=str(tree["name"]), data=buffers[tree["i"]])
+            ref = FileRef(name=str(tree["name"]), data=buffers[_index(tree)])
             return file_writer(ref) if file_writer else ref
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed encoded value with tag {tag!r}: {exc}") from exc
     raise ProtocolError(f"unknown value tag {tag!r}")
+
+
+def _index(tree: dict) -> int:
+    i = tree["i"]
+    if type(i) is not int or i < 0:
+        raise ValueError(f"buffer index must be a non-negative int, got {i!r}")
+    return i
 
 
 def _hashable(v):

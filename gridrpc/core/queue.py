@@ -109,7 +109,7 @@ class SedScheduler:
     # -- inputs ---------------------------------------------------------
     def submit(self, req: Request, now: float) -> list[Action]:
         """Add a request. Duplicate ids are ignored (a SeD never runs an id twice)."""
-        if req.id in self.seen:
+        if req.id in self.seen or req.id in self.requests:
             return []
         self.seen.add(req.id)
         self.seen_order.append(req.id)

@@ -9,8 +9,10 @@ from typing import Any, Callable
 
 from ..errors import ConfigError, InvalidArgument
 
-_SIMPLE = {int: (int,), float: (int, float), str: (str,), bool: (bool,), bytes: (bytes,),
-           complex: (int, float, complex), list: (list,), dict: (dict,), tuple: (tuple, list)}
+import numbers
+
+_SIMPLE = {int: (numbers.Integral,), float: (numbers.Real,), str: (str,), bool: (bool,), bytes: (bytes,),
+           complex: (numbers.Complex,), list: (list,), dict: (dict,), tuple: (tuple, list)}
 
 
 @dataclass

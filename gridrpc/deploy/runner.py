@@ -205,8 +205,11 @@ class Deployment:
         if errors:
             users = {hn: [e.name for e in self.spec.elements
                           if ("localhost" if e.host in LOCAL_HOSTS else e.host) == hn] for hn in errors}
-            raise DeployError("cannot deploy: " + "; ".join(
-                f"host {hn} (for {', '.join(users[hn])}): {msg}" for hn, msg in errors.items())
+            def indent(msg: str) -> str:
+                first, *rest = msg.strip().splitlines() or [""]
+                return first + "".join(f"\n      {r}" for r in rest)
+            raise DeployError(f"cannot deploy, {len(errors)} host(s) not usable:\n" + "\n".join(
+                f"  - host {hn} (for {', '.join(users[hn])}): {indent(msg)}" for hn, msg in errors.items())
                 + "\nnothing was started")
 
     def _check_slurm(self, hn: str, h: HostSpec) -> None:

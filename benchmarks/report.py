@@ -1,0 +1,183 @@
+"""Targets (issues 2 and 5) and the printed table."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+def _get(res: dict, item: str, *path: str):
+    v = res.get(item)
+    for p in path:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(p)
+    return v
+
+
+def med(res, item):
+    return _get(res, item, "median_ms")
+
+
+def rate(res, item):
+    return _get(res, item, "calls_per_s", "median")
+
+
+def gbs(res, item):
+    return _get(res, item, "gb_per_s")
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    text: str
+    item: str
+    check: Callable[[dict], bool | None]    # None: cannot tell (something missing)
+    value: Callable[[dict], str]
+
+
+def _ok(*xs):
+    return all(x is not None for x in xs)
+
+
+def _t(fn):
+    def wrapped(r):
+        try:
+            return fn(r)
+        except TypeError:       # a None in the arithmetic: missing measurement
+            return None
+    return wrapped
+
+
+TARGETS = [
+    Target("discovery_call_3ms", "call with discovery: median <= 3 ms", "call_discovery",
+           _t(lambda r: med(r, "call_discovery") <= 3.0), lambda r: f"{med(r, 'call_discovery'):.2f} ms"),
+    Target("discovery_call_vs_ray", "call with discovery faster than Ray's no-op call", "call_discovery",
+           _t(lambda r: med(r, "call_discovery") < med(r, "ray_call")),
+           lambda r: f"{med(r, 'call_discovery'):.2f} vs {med(r, 'ray_call'):.2f} ms"),
+    Target("discovery_call_vs_dask", "call with discovery >= 4x faster than Dask", "call_discovery",
+           _t(lambda r: med(r, "dask_call") / med(r, "call_discovery") >= 4.0),
+           lambda r: f"{med(r, 'dask_call') / med(r, 'call_discovery'):.1f}x faster"),
+    Target("bound_call_floor", "bound call: median <= 1.5x the pyzmq floor", "call_bound",
+           _t(lambda r: med(r, "call_bound") <= 1.5 * med(r, "floor_latency")),
+           lambda r: f"{med(r, 'call_bound') / med(r, 'floor_latency'):.2f}x floor"),
+    Target("bound_throughput", ">= 3,000 bound calls/s from one client", "throughput_bound",
+           _t(lambda r: rate(r, "throughput_bound") >= 3000), lambda r: f"{rate(r, 'throughput_bound'):,.0f}/s"),
+    Target("discovery_throughput", ">= 800 calls/s with discovery from one client", "throughput_discovery",
+           _t(lambda r: rate(r, "throughput_discovery") >= 800),
+           lambda r: f"{rate(r, 'throughput_discovery'):,.0f}/s"),
+    Target("discovery_throughput_peers", "throughput with discovery above Ray and Dask", "throughput_discovery",
+           _t(lambda r: rate(r, "throughput_discovery") > max(rate(r, "ray_throughput"), rate(r, "dask_throughput"))),
+           lambda r: f"{rate(r, 'throughput_discovery'):,.0f} vs {rate(r, 'ray_throughput'):,.0f} / "
+                     f"{rate(r, 'dask_throughput'):,.0f}/s"),
+    Target("array_8mb", "8 MB round trip >= 1 GB/s", "array_8mb",
+           _t(lambda r: gbs(r, "array_8mb") >= 1.0), lambda r: f"{gbs(r, 'array_8mb'):.2f} GB/s"),
+    Target("discovery_100", "discovery with 100 SeDs: median <= 15 ms", "discovery_100",
+           _t(lambda r: med(r, "discovery_100") <= 15.0), lambda r: f"{med(r, 'discovery_100'):.2f} ms"),
+    Target("idle_sed_rss", "idle SeD <= 60 MB RSS", "memory_sed",
+           _t(lambda r: _get(r, "memory_sed", "rss_mb") <= 60.0),
+           lambda r: f"{_get(r, 'memory_sed', 'rss_mb'):.1f} MB"),
+]
+
+
+def evaluate(res: dict) -> list[dict]:
+    out = []
+    for t in TARGETS:
+        ok = t.check(res)
+        try:
+            val = t.value(res)
+        except TypeError:
+            val = "-"
+        out.append({"key": t.key, "target": t.text, "item": t.item, "measured": val,
+                    "status": "n/a" if ok is None else "PASS" if ok else "SHORT"})
+    return out
+
+
+def _speed(ours: float | None, theirs: float | None, lower_is_better: bool) -> str:
+    """'2.1x faster' / '3.4x slower' (ours compared with theirs)."""
+    if not ours or not theirs:
+        return ""
+    f = theirs / ours if lower_is_better else ours / theirs
+    return f"{f:.2f}x faster" if f >= 1 else f"{1 / f:.2f}x slower"
+
+
+def _marks(targets: list[dict], item: str) -> str:
+    ts = [t for t in targets if t["item"] == item]
+    return " ".join(t["status"] for t in ts)
+
+
+def _target_texts(targets, item):
+    return "; ".join(t["target"].split(": ", 1)[-1] for t in targets if t["item"] == item)
+
+
+ROWS = [
+    # item, label, kind ("lat" | "rate" | "bw" | "mem" | "rep"), comparisons (floor, ray, dask items)
+    ("floor_latency", "floor: pyzmq asyncio DEALER->ROUTER echo, 1 in flight", "lat", (None, None, None)),
+    ("floor_throughput", "floor: same, 64 in flight", "rate", (None, None, None)),
+    ("floor_8mb", "floor: 8 MB array echo, copy=False", "bw", (None, None, None)),
+    ("call_discovery", "gridrpc: add with discovery (MA->2 LAs->4 SeDs), AsyncClient", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
+    ("call_bound", "gridrpc: add through a bound handle, AsyncClient", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
+    ("call_discovery_sync", "gridrpc: add with discovery, blocking Client", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
+    ("call_bound_sync", "gridrpc: add through a bound handle, blocking Client", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
+    ("throughput_bound", "gridrpc: async throughput, bound (256 in flight)", "rate",
+     ("floor_throughput", "ray_throughput", "dask_throughput")),
+    ("throughput_discovery", "gridrpc: async throughput, with discovery (256 in flight)", "rate",
+     ("floor_throughput", "ray_throughput", "dask_throughput")),
+    ("array_8mb", "gridrpc: 8 MB numpy echo, bound", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
+    ("discovery_100", "gridrpc: discover(add) over 100 SeDs (10 LAs x 10)", "lat", (None, None, None)),
+    ("memory_sed", "gridrpc: idle SeD process (--examples)", "mem", (None, None, None)),
+    ("memory_replicas", "gridrpc: cost per extra replica (--replicas 100)", "rep", (None, None, None)),
+    ("ray_call", "Ray: sequential no-op remote call", "lat", ("floor_latency", None, None)),
+    ("ray_throughput", "Ray: N no-op calls then get", "rate", ("floor_throughput", None, None)),
+    ("ray_8mb", "Ray: 8 MB echo", "bw", ("floor_8mb", None, None)),
+    ("dask_call", "Dask: submit(noop).result(), 1 worker", "lat", ("floor_latency", None, None)),
+    ("dask_throughput", "Dask: N submits then gather", "rate", ("floor_throughput", None, None)),
+    ("dask_8mb", "Dask: 8 MB echo", "bw", ("floor_8mb", None, None)),
+]
+
+
+def _fmt_main(res, item, kind):
+    r = res[item]
+    if kind == "lat":
+        return f"{r['median_ms']:.3f} ms", f"p99 {r['p99_ms']:.2f} ms"
+    if kind == "rate":
+        return f"{r['calls_per_s']['median']:,.0f} calls/s", f"n={r['n']}"
+    if kind == "bw":
+        return f"{r['gb_per_s']:.2f} GB/s", f"{r['median_ms']:.1f} ms/rt"
+    if kind == "mem":
+        return f"{r['rss_mb']:.1f} MB RSS", f"PSS {r['pss_mb']:.1f} MB, +{r['workers']} worker"
+    if kind == "rep":
+        return f"{r['per_replica_kb']:.0f} KB", f"RSS {r['rss_mb']:.1f} MB for {r['replicas']}"
+    return "", ""
+
+
+def _value(res, item, kind):
+    if item not in res:
+        return None
+    return {"lat": med, "rate": rate, "bw": gbs}.get(kind, lambda r, i: None)(res, item)
+
+
+def table(res: dict, targets: list[dict], skipped: dict) -> str:
+    head = "| measurement | value | detail | vs floor | vs Ray | vs Dask | target | mark |"
+    lines = [head, "|" + "---|" * 8]
+    for item, label, kind, (fl, ray, dask) in ROWS:
+        if item not in res:
+            if item in skipped:
+                lines.append(f"| {label} | skipped | {skipped[item]} | | | | {_target_texts(targets, item)} | n/a |")
+            continue
+        val, detail = _fmt_main(res, item, kind)
+        ours = _value(res, item, kind)
+        lower = kind == "lat"
+        cmp = [_speed(ours, _value(res, c, kind), lower) if c else "" for c in (fl, ray, dask)]
+        lines.append(f"| {label} | {val} | {detail} | {cmp[0]} | {cmp[1]} | {cmp[2]} | "
+                     f"{_target_texts(targets, item)} | {_marks(targets, item)} |")
+    return "\n".join(lines)
+
+
+def targets_table(targets: list[dict]) -> str:
+    lines = ["| target | measured | mark |", "|---|---|---|"]
+    lines += [f"| {t['target']} | {t['measured']} | {t['status']} |" for t in targets]
+    return "\n".join(lines)

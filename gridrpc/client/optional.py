@@ -98,7 +98,10 @@ async def drive(client, service: str, dispatcher: _Dispatcher, servers: Sequence
     loop = asyncio.get_running_loop()
 
     def apply(actions) -> None:
-        for a in actions:
+        # cancels newest first: on a FCFS server the oldest call is the running
+        # one; cancelling it first would start (and at once kill) the next one
+        cancels = [a for a in actions if isinstance(a, Cancel)][::-1]
+        for a in [a for a in actions if not isinstance(a, Cancel)] + cancels:
             if isinstance(a, Submit):
                 call = client.submit_nowait(service, *_as_args(a.args), optional=a.optional,
                                      server=by_name[a.server], **kwargs)

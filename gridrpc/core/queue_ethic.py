@@ -51,6 +51,22 @@ Trade-offs
   optional work when request durations are short compared to ``kill_grace``.
   The scheduler only re-evaluates on events, so a runtime using a grace must
   also re-evaluate at :meth:`EthicPolicy.next_wakeup` (see that method).
+* **Accounting for rule 4** (``accounting``). ``"cumulative"`` (default, the
+  paper's wording): a user's allocation on this SeD since the SeD started.
+  A user who arrives late starts at 0 and so takes *every* freed slot until
+  it has caught up with users who have been served for a while, who get
+  nothing meanwhile; with staggered arrivals (the day scenarios) early users
+  end far below their deserved share and late ones far above (a pure
+  simulation of day-regular gives unfairness ≈ 0.9, worse than the legacy
+  baseline). ``"virtual"``: start-time fair queuing — the SeD keeps a
+  virtual time (the least effective allocation of the users present, never
+  decreasing) and a user that (re)appears in the queue starts at
+  ``max(its own effective allocation, virtual time)``, so a newcomer shares
+  slots equally with the users present from its arrival on instead of being
+  owed the past. That is the equal share of the present users that the
+  fairness metric's ``deserved`` counts. It keeps per-user state in the
+  policy object (one policy per SeD replica), bounded by forgetting users
+  absent for ``forget_after`` seconds.
 * **Data structure.** A SeD queue holds tens of requests and, more to the
   point, rule 4's keys change with ``now`` (running requests accumulate
   allocation) and rule 5's are redrawn on every evaluation, so a persistent
@@ -79,14 +95,56 @@ class EthicPolicy:
     user first, random ties. See the module docstring for the trade-offs."""
     name: ClassVar[str] = "ethic"
 
-    def __init__(self, kill_grace: float = 0.0) -> None:
+    ACCOUNTING: ClassVar[tuple[str, ...]] = ("cumulative", "virtual")
+
+    def __init__(self, kill_grace: float = 0.0, accounting: str = "cumulative",
+                 forget_after: float = 3600.0) -> None:
         kill_grace = float(kill_grace)
         if not kill_grace >= 0.0:          # also rejects NaN
             raise ValueError(f"kill_grace must be >= 0, got {kill_grace!r}")
+        if accounting not in self.ACCOUNTING:
+            raise ValueError(f"accounting must be one of {', '.join(self.ACCOUNTING)}, got {accounting!r}")
+        forget_after = float(forget_after)
+        if not forget_after > 0.0:
+            raise ValueError(f"forget_after must be > 0, got {forget_after!r}")
         self.kill_grace = kill_grace
+        self.accounting = accounting
+        self.forget_after = forget_after
+        self._vtime = 0.0                         # accounting="virtual" state
+        self._offset: dict[str, float] = {}       # user -> allocated - effective
+        self._last_seen: dict[str, float] = {}
 
     def __repr__(self) -> str:
-        return f"EthicPolicy(kill_grace={self.kill_grace!r})"
+        return f"EthicPolicy(kill_grace={self.kill_grace!r}, accounting={self.accounting!r})"
+
+    def effective_allocation(self, requests: Sequence[Request], allocated: Mapping[str, float],
+                             now: float) -> Mapping[str, float]:
+        """Rule 4's key per user: ``allocated`` itself (cumulative) or the
+        virtual-time-adjusted allocation (virtual); updates the virtual state."""
+        if self.accounting == "cumulative":
+            return allocated
+        present = {r.user for r in requests}
+        eff: dict[str, float] = {}
+        for u in present:
+            alloc = allocated.get(u, 0.0)
+            seen = self._last_seen.get(u)
+            if u not in self._offset or seen is None or seen < self._prev_eval:
+                # (re)appearing: no credit for the time it was away
+                own = alloc - self._offset[u] if u in self._offset else float("-inf")
+                self._offset[u] = alloc - max(own, self._vtime)
+            eff[u] = alloc - self._offset[u]
+        if eff:
+            self._vtime = max(self._vtime, min(eff.values()))
+        for u in present:
+            self._last_seen[u] = now
+        if len(self._last_seen) > 64 and now - min(self._last_seen.values()) > self.forget_after:
+            for u in [u for u, t in self._last_seen.items() if now - t > self.forget_after]:
+                del self._last_seen[u]
+                self._offset.pop(u, None)
+        self._prev_eval = now
+        return eff
+
+    _prev_eval: float = float("-inf")
 
     def _in_grace(self, req: Request, now: float) -> bool:
         return self.kill_grace > 0.0 and now - req.submitted < self.kill_grace
@@ -94,6 +152,7 @@ class EthicPolicy:
     def order(self, requests: Sequence[Request], running: Mapping[str, float],
               allocated: Mapping[str, float], now: float,
               rng: random.Random) -> list[Request]:
+        allocated = self.effective_allocation(requests, allocated, now)
         keyed: list[tuple[tuple, Request]] = []
         for req in requests:
             is_running = req.id in running

@@ -50,13 +50,16 @@ def arrival_polynomial(x: float) -> float:
     return sum(c * x ** k for k, c in enumerate(_P_COEFFS))
 
 
-def _arrivals(name: str, rng: random.Random, n_users: int) -> list[float]:
+DEFAULT_INTERVAL = {"night-consecutive": 0.1, "day-regular": 10.0}
+
+
+def _arrivals(name: str, rng: random.Random, n_users: int,
+              interval: float | None = None) -> list[float]:
     if name == "night-simultaneous":
         return [0.0] * n_users
-    if name == "night-consecutive":
-        return [0.1 * i for i in range(n_users)]
-    if name == "day-regular":
-        return [10.0 * i for i in range(n_users)]
+    if name in DEFAULT_INTERVAL:
+        step = DEFAULT_INTERVAL[name] if interval is None else interval
+        return [step * i for i in range(n_users)]
     # diurnal: one Bernoulli draw per whole second
     out = []
     for t in range(int(_DAY)):
@@ -69,10 +72,13 @@ def _arrivals(name: str, rng: random.Random, n_users: int) -> list[float]:
 def generate(name: str, rng: random.Random, *, n_users: int = 10,
              task_time: float = 1.0, relative_deadline: float = 100.0,
              n_min: int = 3, n_max: int = 1000, time_scale: float = 1.0,
-             task_range: tuple[float, float] = (0.125, 8.0)) -> list[ClientPlan]:
+             task_range: tuple[float, float] = (0.125, 8.0),
+             arrival_interval: float | None = None) -> list[ClientPlan]:
     """Client plans of scenario ``name`` (one of :data:`SCENARIOS`), sorted by
     arrival. ``task_range`` is the uniform range of ``T`` for
-    ``day-diurnal-random``. Users are named ``u0``, ``u1``, … in arrival order."""
+    ``day-diurnal-random``; ``arrival_interval`` replaces the paper's 0.1 s
+    (night-consecutive) or 10 s (day-regular) between arrivals (paper units,
+    scaled like the rest). Users are named ``u0``, ``u1``, … in arrival order."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
     if time_scale <= 0:
@@ -81,8 +87,10 @@ def generate(name: str, rng: random.Random, *, n_users: int = 10,
         raise ValueError("need 0 <= n_min <= n_max")
     if n_users < 0:
         raise ValueError("n_users must be >= 0")
+    if arrival_interval is not None and arrival_interval < 0:
+        raise ValueError("arrival_interval must be >= 0")
     plans = []
-    for i, t0 in enumerate(_arrivals(name, rng, n_users)):
+    for i, t0 in enumerate(_arrivals(name, rng, n_users, arrival_interval)):
         if name == "day-diurnal-random":
             T = rng.uniform(*task_range)
         else:

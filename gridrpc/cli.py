@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", choices=["process", "inline"], default="process",
                    help="process: each call in a killable worker process (default); inline: in the SeD")
     p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024)
+    from .sed.cloud.cli import add_cloud_arguments
+    add_cloud_arguments(p)
 
     p = sub.add_parser("call", help="call a service and print the result")
     p.add_argument("service")
@@ -133,6 +135,9 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                 raise SystemExit("gridrpc la: --parent is required")
             from .local_agent import LocalAgent
             d = LocalAgent(name=a.name, parent=a.parent, address=address, orphan_timeout=a.orphan_timeout, **hb)
+        elif getattr(a, "cloud_config", None) or getattr(a, "cloud", None):
+            from .sed.cloud.cli import make_cloud_sed
+            d = make_cloud_sed(a, address, hb)
         else:
             from .sed import SeD
             opts = {}

@@ -166,6 +166,9 @@ class Deployment:
                               ("isolation", "--isolation"), ("kill_grace", "--kill-grace")):
                 if o.get(key) is not None:
                     cmd += [flag, str(o[key])]
+            if o.get("kind") == "cloud":
+                from ..sed.cloud.config import cloud_cli_args
+                cmd += cloud_cli_args(o)
             cmd += [str(a) for a in o.get("args") or []]
         return cmd
 

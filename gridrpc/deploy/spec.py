@@ -225,6 +225,11 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
         if "name" not in sed or "parent" not in sed:
             raise ConfigError(f"SeD {sed}: 'name' and 'parent' are required")
         bad = set(sed) - _SED_KEYS
+        if sed.get("kind") == "cloud":        # keys and values checked by the cloud SeD's parser
+            from ..sed.cloud.config import CLOUD_KEYS, parse_cloud_config
+            bad -= CLOUD_KEYS
+            parse_cloud_config({k: v for k, v in sed.items() if k in CLOUD_KEYS or k not in _SED_KEYS},
+                               what=f"SeD {sed['name']}")
         if bad:
             raise ConfigError(f"SeD {sed['name']}: unknown keys {', '.join(sorted(bad))}")
         sed_ot = _timeout(sed, f"SeD {sed['name']}")

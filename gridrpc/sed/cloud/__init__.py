@@ -1,5 +1,10 @@
-"""The cloud SeD's VM layer: a small provider interface and its libcloud
-implementation (EC2 API; AWS or moto). See ``docs/cloud.md``."""
+"""The cloud SeD (``sed.py``: :class:`CloudSeD`), its pure VM policy
+(``policy.py``), its configuration and VM user data (``config.py``), the call
+relay to VMs (``relay.py``) and the provider layer beneath (``provider.py``:
+a small interface and its libcloud implementation, EC2 API on AWS or moto).
+See ``docs/cloud.md``."""
+from gridrpc.sed.cloud.config import CloudConfig, parse_cloud_config, render_user_data
+from gridrpc.sed.cloud.policy import PoolConfig, VMPool
 from gridrpc.sed.cloud.provider import (
     PROVIDERS,
     VM,
@@ -21,4 +26,12 @@ __all__ = [
     "PROVIDERS", "VM", "VMSpec", "CloudProvider", "LibcloudProvider", "Credentials",
     "CloudError", "CloudAuthError", "CloudUnreachable", "UnknownImage", "CloudTimeout",
     "make_provider", "price_per_call", "resolve_aws_credentials",
+    "CloudConfig", "parse_cloud_config", "render_user_data", "PoolConfig", "VMPool", "CloudSeD",
 ]
+
+
+def __getattr__(name):          # CloudSeD pulls in the SeD runtime: import it on first use
+    if name == "CloudSeD":
+        from gridrpc.sed.cloud.sed import CloudSeD
+        return CloudSeD
+    raise AttributeError(name)

@@ -1,0 +1,76 @@
+"""``gridrpc sed --cloud-config FILE.yaml [--cloud KEY=VALUE ...]``: build a
+:class:`~gridrpc.sed.cloud.sed.CloudSeD` from the command line.
+
+The file holds the keys of :class:`~gridrpc.sed.cloud.config.CloudConfig`
+(the same as a deployment file's ``kind: cloud`` entry); each ``--cloud
+KEY=VALUE`` overrides one, its value read as YAML (``max_vms=4``,
+``services=[a:b, c:d]``, ``endpoint=http://127.0.0.1:5000``). ``--service``
+flags add to ``services``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from ...errors import ConfigError
+from .config import parse_cloud_config
+
+
+def add_cloud_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cloud-config", metavar="FILE.yaml",
+                   help="run a cloud SeD: calls run on VMs it starts (see docs/cloud.md)")
+    p.add_argument("--cloud", action="append", default=[], metavar="KEY=VALUE",
+                   help="a cloud SeD setting (repeatable; overrides --cloud-config), "
+                        "e.g. --cloud policy=pool --cloud max_vms=4")
+
+
+def wants_cloud(a: argparse.Namespace) -> bool:
+    return bool(getattr(a, "cloud_config", None) or getattr(a, "cloud", None))
+
+
+def cloud_settings(a: argparse.Namespace) -> dict:
+    data: dict = {}
+    if a.cloud_config:
+        path = Path(a.cloud_config)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read the cloud configuration {path}: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the cloud configuration must be a mapping")
+        data.update(loaded)
+    for kv in a.cloud:
+        key, sep, value = kv.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--cloud expects KEY=VALUE, got {kv!r}")
+        try:
+            data[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            data[key.strip()] = value
+    services = list(data.get("services") or [])
+    if isinstance(data.get("services"), str):
+        services = [data["services"]]
+    for s in getattr(a, "service", []) or []:
+        if s not in services:
+            services.append(s)
+    if getattr(a, "examples", False):
+        from ...examples.services import ALL
+        services += [f"gridrpc.examples.services:{s}" for s in ALL
+                     if f"gridrpc.examples.services:{s}" not in services]
+    data["services"] = services
+    return data
+
+
+def make_cloud_sed(a: argparse.Namespace, address: str, hb: dict):
+    """The CloudSeD the ``gridrpc sed`` arguments ``a`` describe."""
+    from .sed import CloudSeD
+    config = parse_cloud_config(cloud_settings(a), what=f"cloud SeD {a.name}")
+    if not config.services:
+        raise ConfigError(f"cloud SeD {a.name}: give the services of the image "
+                          "(--service MODULE:FUNC or 'services:' in the cloud configuration)")
+    return CloudSeD(a.name, a.parent, config=config, address=address,
+                    orphan_timeout=a.orphan_timeout, max_message_size=a.max_message_size, **hb)

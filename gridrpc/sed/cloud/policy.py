@@ -1,0 +1,537 @@
+"""The cloud SeD's VM policy, pure: which VM runs which call, when to start
+and stop VMs, and the cloud part of the estimation vector.
+
+No I/O, no clock: every method takes ``now`` and returns a list of actions
+for the runtime (``gridrpc/sed/cloud/sed.py``) to carry out:
+
+=================  ==========================================================
+``CreateVM``       start an instance named ``name`` (report back with
+                   :meth:`VMPool.vm_created` or :meth:`VMPool.vm_create_failed`)
+``DestroyVM``      terminate it (``vm_id`` None: never created, nothing to do)
+``Dispatch``       forward call ``call_id`` to VM ``vm`` (report back with
+                   :meth:`VMPool.call_done` or :meth:`VMPool.call_failed`)
+``FailCall``       give up on the call: the runtime answers the client with a
+                   *communication* error, so the client fails over to its
+                   next candidate server
+=================  ==========================================================
+
+Policies:
+
+``per-call`` (DIET's "one VM per solve")
+    every call gets a fresh VM, destroyed as soon as the call ends; at most
+    ``max_vms`` at once, further calls wait for one to be destroyed. Simple,
+    isolated, every call pays a boot.
+``pool``
+    between ``min_vms`` and ``max_vms`` VMs, each running up to
+    ``vm_max_concurrent`` calls. Calls go to a ready VM with a free slot, the
+    least loaded (then the longest idle). The pool *grows* when a waiting
+    call's estimated wait (simulating the queue over the VMs' slots with the
+    predicted run times) exceeds ``grow_threshold`` (default: the learnt boot
+    time, i.e. "booting a VM would be faster"), and *shrinks*: a VM idle for
+    ``idle_timeout`` is destroyed while more than ``min_vms`` remain.
+
+Failures: a VM whose SeD has not registered ``boot_timeout`` after it was
+requested is destroyed. A call charged for a failed VM (the VM booted for it
+never came up, or died while running it) is retried on another VM up to
+``retries`` times, then failed (``FailCall``). Each VM created is *claimed*
+by the waiting call that caused it; the claim is what makes a boot failure
+count against that call. Create errors back off (5 s doubling up to 60 s)
+so a broken image does not create VMs in a tight loop.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from .provider import price_per_call
+
+__all__ = ["PoolConfig", "VMPool", "CreateVM", "DestroyVM", "Dispatch", "FailCall", "VMState"]
+
+
+# --------------------------------------------------------------------------- actions
+
+@dataclass(frozen=True, slots=True)
+class CreateVM:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DestroyVM:
+    name: str
+    vm_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    call_id: str
+    vm: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailCall:
+    call_id: str
+    message: str
+
+
+# --------------------------------------------------------------------------- state
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolConfig:
+    policy: str = "per-call"            # "per-call" | "pool"
+    min_vms: int = 0
+    max_vms: int = 4
+    vm_slots: int = 1                   # calls at once on one VM
+    idle_timeout: float = 300.0
+    boot_timeout: float = 600.0
+    grow_threshold: float | None = None  # None: the learnt boot time
+    retries: int = 1
+    boot_time: float = 60.0             # prior, replaced by measurements (EWMA)
+    boot_alpha: float = 0.3
+    price_per_hour: float = 0.0
+    billing_granularity: float = 1.0
+    billing_minimum: float = 60.0
+    create_backoff: float = 5.0
+    create_backoff_max: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("per-call", "pool"):
+            raise ValueError(f"unknown cloud policy {self.policy!r}")
+        if self.max_vms < 1 or not 0 <= self.min_vms <= self.max_vms or self.vm_slots < 1:
+            raise ValueError("need 0 <= min_vms <= max_vms, max_vms >= 1, vm_slots >= 1")
+
+
+@dataclass(slots=True)
+class VMState:
+    name: str
+    requested: float                    # when CreateVM was emitted (or adoption began)
+    id: str | None = None
+    state: str = "creating"             # creating | booting | ready | doomed
+    address: str | None = None
+    ready_at: float | None = None
+    idle_since: float = 0.0
+    calls: set = field(default_factory=set)
+    served: int = 0
+    claim: str | None = None            # the waiting call this VM was started for
+    adopted: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    tcomp: float
+    submitted: float
+    attempts: int = 0                   # VM failures charged to this call
+    vm: str | None = None
+    dispatched_at: float | None = None
+
+
+class VMPool:
+    """The state machine; see the module docstring."""
+
+    def __init__(self, config: PoolConfig, *, name_prefix: str = "vm-") -> None:
+        self.config = config
+        self.name_prefix = name_prefix
+        self.vms: dict[str, VMState] = {}
+        self.calls: dict[str, _Call] = {}
+        self.pending: collections.deque[str] = collections.deque()   # call ids waiting for a VM
+        self.boot_time = float(config.boot_time)
+        self.boot_samples = 0
+        self._seq = 0
+        self._create_failures = 0
+        self._no_create_before = 0.0
+        self.stats = {"created": 0, "destroyed": 0, "boot_timeouts": 0, "create_failures": 0,
+                      "vm_failures": 0, "calls_failed": 0, "dispatched": 0, "adopted": 0}
+
+    # ------------------------------------------------------------------ inputs
+    def start(self, now: float) -> list:
+        """Start-up: the pool policy creates its ``min_vms``."""
+        return self._schedule(now)
+
+    def adopt(self, name: str, vm_id: str, now: float) -> list:
+        """A VM of ours found at start-up (a previous run's). It counts as
+        booting until its SeD registers, or is destroyed after boot_timeout."""
+        if name in self.vms:
+            return []
+        self.vms[name] = VMState(name=name, requested=now, id=vm_id, state="booting", adopted=True)
+        self.stats["adopted"] += 1
+        return []
+
+    def submit(self, call_id: str, now: float, *, tcomp: float = 0.0) -> list:
+        """A call needs a VM; ``tcomp`` is its predicted run time."""
+        if call_id in self.calls:
+            return []
+        self.calls[call_id] = _Call(id=call_id, tcomp=max(0.0, tcomp), submitted=now)
+        self.pending.append(call_id)
+        return self._schedule(now)
+
+    def cancel(self, call_id: str, now: float) -> list:
+        """The call was cancelled (the runtime cancels it on its VM, if any)."""
+        c = self.calls.pop(call_id, None)
+        if c is None:
+            return []
+        actions: list = []
+        if call_id in self.pending:
+            self.pending.remove(call_id)
+        for vm in self.vms.values():
+            if vm.claim == call_id:
+                vm.claim = None
+        if c.vm is not None and c.vm in self.vms:
+            actions += self._release(self.vms[c.vm], call_id, now, "call cancelled")
+        return actions + self._schedule(now)
+
+    def vm_created(self, name: str, vm_id: str, now: float) -> list:
+        self._create_failures = 0
+        vm = self.vms.get(name)
+        if vm is None:
+            return [DestroyVM(name, vm_id, "no longer needed")]
+        vm.id = vm_id
+        if vm.state == "doomed":
+            del self.vms[name]
+            self.stats["destroyed"] += 1
+            return [DestroyVM(name, vm_id, "no longer needed")]
+        if vm.state == "creating":
+            vm.state = "booting"
+        return self._schedule(now)
+
+    def vm_create_failed(self, name: str, message: str, now: float, *, permanent: bool = False) -> list:
+        """The create request failed. ``permanent`` (bad image, credentials):
+        the call it was started for fails at once instead of retrying."""
+        vm = self.vms.pop(name, None)
+        self.stats["create_failures"] += 1
+        self._create_failures += 1
+        delay = min(self.config.create_backoff * 2 ** (self._create_failures - 1),
+                    self.config.create_backoff_max)
+        self._no_create_before = now + delay
+        actions: list = []
+        if vm is not None and vm.claim is not None:
+            actions += self._charge(vm.claim, f"cannot create a VM: {message}", now, fatal=permanent)
+        return actions + self._schedule(now)
+
+    def vm_registered(self, name: str, address: str, now: float) -> list:
+        """The VM's SeD registered: it is ready. Unknown names return [] (the
+        runtime decides what to do with a stranger)."""
+        vm = self.vms.get(name)
+        if vm is None or vm.state == "doomed":
+            return []
+        vm.address = address
+        if vm.state in ("creating", "booting"):
+            vm.state = "ready"
+            vm.ready_at = now
+            vm.idle_since = now
+            if not vm.adopted:
+                sample = max(0.0, now - vm.requested)
+                a = self.config.boot_alpha
+                self.boot_time = sample if self.boot_samples == 0 else (1 - a) * self.boot_time + a * sample
+                self.boot_samples += 1
+        return self._schedule(now)
+
+    def vm_lost(self, name: str, now: float, reason: str = "lost") -> list:
+        """The VM or its SeD is gone (heartbeats, provider says terminated).
+        Calls running there are reported by the runtime with :meth:`call_failed`."""
+        vm = self.vms.get(name)
+        if vm is None:
+            return []
+        actions = self._destroy(vm, reason)
+        if vm.claim is not None and vm.claim in self.calls and self.calls[vm.claim].vm is None:
+            actions += self._charge(vm.claim, f"VM {name} {reason} before it served the call", now)
+        return actions + self._schedule(now)
+
+    def call_done(self, call_id: str, now: float) -> list:
+        """The call ended on its VM (result or error of the service itself)."""
+        c = self.calls.pop(call_id, None)
+        if c is None:
+            return []
+        if c.vm is not None and c.vm in self.vms:
+            vm = self.vms[c.vm]
+            vm.served += 1
+            return self._release(vm, call_id, now, "call done") + self._schedule(now)
+        return self._schedule(now)
+
+    def call_failed(self, call_id: str, now: float, message: str) -> list:
+        """The VM running the call failed (unreachable, died, lost the call):
+        the VM is destroyed; the call is retried or failed."""
+        c = self.calls.get(call_id)
+        if c is None:
+            return []
+        actions: list = []
+        self.stats["vm_failures"] += 1
+        vm = self.vms.get(c.vm) if c.vm else None
+        if vm is not None:
+            vm.calls.discard(call_id)
+            actions += self._destroy(vm, f"failed while running {call_id}")
+        c.vm, c.dispatched_at = None, None
+        return actions + self._charge(call_id, message, now, front=True) + self._schedule(now)
+
+    def tick(self, now: float) -> list:
+        """Boot timeouts, idle shrinking, retries after a create back-off."""
+        actions: list = []
+        for vm in list(self.vms.values()):
+            if vm.state in ("creating", "booting") and now - vm.requested >= self.config.boot_timeout:
+                self.stats["boot_timeouts"] += 1
+                claim = vm.claim
+                actions += self._destroy(vm, f"its SeD did not register within "
+                                             f"{self.config.boot_timeout:g} s")
+                if claim is not None and claim in self.calls and self.calls[claim].vm is None:
+                    actions += self._charge(claim, f"VM {vm.name} did not boot within "
+                                                   f"{self.config.boot_timeout:g} s", now)
+        if self.config.policy == "pool":
+            idle = sorted((vm for vm in self.vms.values() if vm.state == "ready" and not vm.calls
+                           and now - vm.idle_since >= self.config.idle_timeout),
+                          key=lambda v: v.idle_since)
+            for vm in idle:
+                if self._alive_count() <= self.config.min_vms:
+                    break
+                actions += self._destroy(vm, f"idle for {now - vm.idle_since:.0f} s")
+        return actions + self._schedule(now)
+
+    def shutdown(self) -> list:
+        """Destroy everything (the runtime fails the calls itself)."""
+        actions = [DestroyVM(vm.name, vm.id, "shutdown") for vm in self.vms.values()]
+        self.stats["destroyed"] += len(self.vms)
+        self.vms.clear()
+        self.pending.clear()
+        self.calls.clear()
+        return actions
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When :meth:`tick` has something to do (None: nothing planned)."""
+        times = [vm.requested + self.config.boot_timeout for vm in self.vms.values()
+                 if vm.state in ("creating", "booting")]
+        if self.config.policy == "pool" and self._alive_count() > self.config.min_vms:
+            times += [vm.idle_since + self.config.idle_timeout for vm in self.vms.values()
+                      if vm.state == "ready" and not vm.calls]
+        if self.pending and self._no_create_before > now:
+            times.append(self._no_create_before)
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ queries
+    def counts(self) -> dict:
+        running = sum(1 for v in self.vms.values() if v.state == "ready")
+        booting = sum(1 for v in self.vms.values() if v.state in ("creating", "booting"))
+        return {"num_vms_running": running, "num_vms_booting": booting,
+                "num_vms_busy": sum(1 for v in self.vms.values() if v.state == "ready" and v.calls),
+                "calls_waiting_for_vm": len(self.pending),
+                "calls_on_vms": sum(len(v.calls) for v in self.vms.values())}
+
+    def vm_of(self, call_id: str) -> str | None:
+        c = self.calls.get(call_id)
+        return c.vm if c else None
+
+    def calls_on(self, name: str) -> list[str]:
+        vm = self.vms.get(name)
+        return sorted(vm.calls) if vm else []
+
+    def estimate(self, now: float, tcomp: float, *, ahead: list[float] = ()) -> dict:
+        """Cloud tags for one more call of predicted run time ``tcomp``, after
+        the calls already waiting and those in ``ahead`` (queued in the SeD,
+        not yet handed to the pool): ``est_wait``, ``eft`` (boot time included
+        when no VM is free), ``boot_time``, ``price`` (per call), VM counts."""
+        queue = [self.calls[c].tcomp for c in self.pending if c in self.calls] + list(ahead)
+        starts = self._simulate(now, queue + [tcomp])
+        wait = min(max(0.0, starts[-1] - now), 1e9)      # no slot at all: "very long", not inf
+        return {"est_wait": wait, "eft": now + wait + tcomp, "boot_time": self.boot_time,
+                "price": self.price(tcomp), "price_per_hour": self.config.price_per_hour,
+                "max_vms": self.config.max_vms, "policy": self.config.policy, **self.counts()}
+
+    def price(self, tcomp: float) -> float:
+        """What one call costs: per-call policy pays the boot and the
+        provider's minimum billed time; a pool VM's time is shared by its
+        ``vm_slots`` calls. Never 0 when the VM has a price (a call is billed
+        at least one unit), so a cloud server never looks free."""
+        c = self.config
+        if c.price_per_hour <= 0:
+            return 0.0
+        if c.policy == "per-call":
+            return price_per_call(self.boot_time + tcomp, c.price_per_hour, c.billing_granularity,
+                                  minimum_s=c.billing_minimum)
+        return price_per_call(max(tcomp, 1e-9), c.price_per_hour, c.billing_granularity) / c.vm_slots
+
+    def statistics(self) -> dict:
+        return {"boot_time": self.boot_time, "boot_samples": self.boot_samples, **self.stats,
+                **self.counts(),
+                "vms": [{"name": v.name, "id": v.id, "state": v.state, "calls": sorted(v.calls),
+                         "served": v.served, "address": v.address, "adopted": v.adopted}
+                        for v in self.vms.values()]}
+
+    # ------------------------------------------------------------------ internals
+    def _alive_count(self) -> int:
+        return sum(1 for v in self.vms.values() if v.state != "doomed")
+
+    def _new_name(self) -> str:
+        while True:
+            self._seq += 1
+            name = f"{self.name_prefix}{self._seq}"
+            if name not in self.vms:
+                return name
+
+    def _create(self, now: float, claim: str | None) -> list:
+        name = self._new_name()
+        self.vms[name] = VMState(name=name, requested=now, claim=claim)
+        self.stats["created"] += 1
+        return [CreateVM(name)]
+
+    def _destroy(self, vm: VMState, reason: str) -> list:
+        """Forget ``vm`` and terminate it; a VM still being created is kept as
+        ``doomed`` until its id is known."""
+        vm.claim = None
+        if vm.id is None:
+            vm.state = "doomed"
+            return []
+        self.vms.pop(vm.name, None)
+        self.stats["destroyed"] += 1
+        return [DestroyVM(vm.name, vm.id, reason)]
+
+    def _release(self, vm: VMState, call_id: str, now: float, reason: str) -> list:
+        vm.calls.discard(call_id)
+        if self.config.policy == "per-call":
+            return self._destroy(vm, reason)
+        if not vm.calls:
+            vm.idle_since = now
+        return []
+
+    def _charge(self, call_id: str, message: str, now: float, *, front: bool = False,
+                fatal: bool = False) -> list:
+        """A VM failure counts against ``call_id``: retry it, or fail it."""
+        c = self.calls.get(call_id)
+        if c is None:
+            return []
+        c.attempts += 1
+        for vm in self.vms.values():
+            if vm.claim == call_id:
+                vm.claim = None
+        if fatal or c.attempts > self.config.retries:
+            self.calls.pop(call_id, None)
+            if call_id in self.pending:
+                self.pending.remove(call_id)
+            self.stats["calls_failed"] += 1
+            tries = "" if fatal else f" (after {c.attempts} VM failure{'s' if c.attempts > 1 else ''})"
+            return [FailCall(call_id, message + tries)]
+        if call_id not in self.pending:
+            if front:
+                self.pending.appendleft(call_id)
+            else:
+                self.pending.append(call_id)
+        return []
+
+    def _can_create(self, now: float) -> bool:
+        return self._alive_count() < self.config.max_vms and now >= self._no_create_before
+
+    def _schedule(self, now: float) -> list:
+        if self.config.policy == "per-call":
+            return self._schedule_per_call(now)
+        return self._schedule_pool(now)
+
+    def _dispatch(self, call_id: str, vm: VMState, now: float) -> Dispatch:
+        c = self.calls[call_id]
+        self.pending.remove(call_id)
+        c.vm, c.dispatched_at = vm.name, now
+        vm.calls.add(call_id)
+        for other in self.vms.values():
+            if other.claim == call_id:
+                other.claim = None
+        if vm.claim == call_id:
+            vm.claim = None
+        self.stats["dispatched"] += 1
+        return Dispatch(call_id, vm.name)
+
+    def _schedule_per_call(self, now: float) -> list:
+        actions: list = []
+        # fresh VMs only: ready, never used, not running anything
+        for vm in self.vms.values():
+            if not self.pending:
+                break
+            if vm.state == "ready" and not vm.calls and vm.served == 0:
+                target = vm.claim if vm.claim in self.pending else self.pending[0]
+                actions.append(self._dispatch(target, vm, now))
+        # every waiting call without a VM on the way claims one (a free one, or a new one)
+        claimed = {vm.claim for vm in self.vms.values() if vm.claim is not None}
+        for cid in list(self.pending):
+            if cid in claimed:
+                continue
+            free = next((vm for vm in self.vms.values()
+                         if vm.state in ("creating", "booting") and vm.claim is None), None)
+            if free is not None:
+                free.claim = cid
+            elif self._can_create(now):
+                actions += self._create(now, cid)
+            else:
+                break
+        # VMs booting for nobody (their call was cancelled or went elsewhere)
+        if not self.pending:
+            for vm in list(self.vms.values()):
+                if vm.state in ("creating", "booting", "ready") and vm.claim is None and not vm.calls:
+                    actions += self._destroy(vm, "its call no longer needs it")
+        return actions
+
+    def _schedule_pool(self, now: float) -> list:
+        actions: list = []
+        slots = self.config.vm_slots
+        while self.pending:
+            ready = [vm for vm in self.vms.values() if vm.state == "ready" and len(vm.calls) < slots]
+            if not ready:
+                break
+            vm = min(ready, key=lambda v: (len(v.calls), v.idle_since, v.name))
+            head = self.pending[0]
+            actions.append(self._dispatch(head, vm, now))
+        while self._alive_count() < self.config.min_vms and self._can_create(now):
+            actions += self._create(now, None)
+        # grow while a waiting call would wait longer than the threshold
+        threshold = self.config.grow_threshold
+        threshold = self.boot_time if threshold is None else threshold
+        while self.pending and self._can_create(now):
+            queue = [self.calls[c].tcomp for c in self.pending]
+            starts = self._simulate(now, queue, with_room=False)
+            # a call waits too long, and a VM booted now would serve it sooner
+            late = next((i for i, s in enumerate(starts)
+                         if s - now > threshold + 1e-9 and s > now + self.boot_time + 1e-9), None)
+            if late is None:
+                break
+            claimed = {vm.claim for vm in self.vms.values()}
+            claim = next((c for c in list(self.pending)[late:] if c not in claimed), None)
+            actions += self._create(now, claim)
+        return actions
+
+    def _simulate(self, now: float, queue: list[float], *, with_room: bool = True) -> list[float]:
+        """Predicted start time of each call in ``queue`` (in order), taking
+        the earliest slot each time. Slots: free ones of ready VMs at ``now``,
+        busy ones when their call is predicted to end, booting VMs' ones when
+        the boot is predicted to end; ``with_room`` (below ``max_vms``): a new
+        VM's slots at ``now + boot_time``. Per-call: a slot serves one call,
+        and a VM whose call ends is replaced by a new boot. No slot at all:
+        infinite waits."""
+        c = self.config
+        per_call = c.policy == "per-call"
+        boot = self.boot_time
+        free: list[float] = []
+        for vm in self.vms.values():
+            if vm.state == "doomed":
+                continue
+            if vm.state == "ready":
+                ends = [max(now, self.calls[x].dispatched_at + self.calls[x].tcomp)
+                        for x in vm.calls if x in self.calls and self.calls[x].dispatched_at is not None]
+                if per_call:
+                    free += [e + boot for e in ends] or ([now] if vm.served == 0 else [])
+                else:
+                    free += ends + [now] * max(0, c.vm_slots - len(ends))
+            else:
+                up = max(now, vm.requested + boot)
+                free += [up] * (1 if per_call else c.vm_slots)
+        room = max(0, c.max_vms - self._alive_count()) if with_room else 0
+        if room:
+            up = max(now + boot, self._no_create_before + boot)
+            free += [up] * (room * (1 if per_call else c.vm_slots))
+        if not free:
+            return [float("inf")] * len(queue)
+        free.sort()
+        starts = []
+        for t in queue:
+            s = free.pop(0)
+            starts.append(s)
+            nxt = s + t + (boot if per_call else 0.0)
+            # keep the list sorted (small lists: insertion is fine)
+            i = 0
+            while i < len(free) and free[i] <= nxt:
+                i += 1
+            free.insert(i, nxt)
+        return starts

@@ -291,3 +291,9 @@ async def _async_usage(address):
 def test_async_client(tree):
     import asyncio
     assert asyncio.run(_async_usage(tree.ma_address))
+
+
+def test_discover_zero_servers(client):
+    assert client.discover("add", max_servers=0) == []
+    with pytest.raises(gridrpc.ServiceNotFound):
+        client.discover("not_offered", max_servers=0)

@@ -199,7 +199,7 @@ class Agent:
     def _discover(self, h: dict, reply_to: tuple) -> None:
         self.stats["discoveries"] += 1
         service = h["service"]
-        k = max(1, min(int(h["k"]), 100000))
+        k = max(0, min(int(h["k"]), 100000))
         if h.get("aggregator") is None:       # the service's own default, else DIET's default
             meta = self.registry.services().get(service)
             if meta and meta.get("aggregator") is not None:
@@ -229,7 +229,8 @@ class Agent:
             except Exception as exc:
                 log.debug("%s: discovery to %s failed: %s", self.name, c, exc)
         now = time.monotonic()
-        done = self.discoveries.start(fid, (reply_to, h["id"], service), sent, k, agg, now + budget, now)
+        done = self.discoveries.start(fid, (reply_to, h["id"], service, k), sent, k, agg,
+                                      now + budget, now)
         if done:
             self._finish(done)
         else:
@@ -255,14 +256,14 @@ class Agent:
     def _finish(self, done: Done | None) -> None:
         if done is None:
             return
-        (reply_to, orig_id, service) = done.reply_to
+        (reply_to, orig_id, service, k) = done.reply_to
         if done.timed_out:
             self.stats["discoveries_timed_out"] += 1
             log.info("%s: discovery %s for %s: no answer in time from %s", self.name, orig_id,
                      service, ", ".join(done.timed_out))
         header = m.make(MsgType.SERVERS, orig_id, name=self.name, servers=done.servers,
                         answered=done.answered, timed_out=done.timed_out)
-        if not done.servers and self.kind == "ma":
+        if not done.servers and self.kind == "ma" and k > 0:
             header = m.error_header(orig_id, "no_server",
                                     f"no server answered for {service!r} in time"
                                     + (f" (silent: {', '.join(done.timed_out)})" if done.timed_out else ""))

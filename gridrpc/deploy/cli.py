@@ -42,6 +42,9 @@ def add_deploy_parser(sub) -> None:
                    help="comma-separated MODULE:FUNC for every SeD, or 'examples' (default)")
     q.add_argument("--name", help="deployment name (default: from the output file)")
     q.add_argument("--ma-port", type=int, default=5555)
+    q.add_argument("--tolerance", type=float, default=0.1,
+                   help="take the shape with fewest agents among those predicted within this fraction "
+                        "of the fastest (default 0.1)")
     q.add_argument("--pack", action="store_true",
                    help="one SeD process per (host, parent) with replicas instead of one per SeD")
     q = dsub.add_parser("calibrate", help="measure discovery cost per child and per hop (in-process tree)")

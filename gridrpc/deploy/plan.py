@@ -1,0 +1,445 @@
+"""``gridrpc deploy plan``: a tree shape for N SeDs, from measured figures.
+
+The model (see docs/deployment.md, "Planning a tree"): a discovery goes down
+the tree and back; each agent forwards it to its children and aggregates
+their answers, at a cost ``per_child`` per child; agents of one level work in
+parallel on their own hosts, so only the largest fan-out of each level is on
+the critical path; every extra agent level adds ``per_hop`` (an agent's own
+receive/forward/aggregate/reply) plus one network round trip ``rtt``::
+
+    latency = base + per_child * sum(max fan-out of level l) + (levels - 1) * (per_hop + rtt)
+
+``base`` (client, MA and one SeD) does not depend on the shape. The figures
+come from ``gridrpc deploy calibrate`` (:func:`calibrate`), which measures
+discovery latency on in-process trees (:class:`gridrpc.testing.LocalTree`):
+flat (N SeDs under the MA) and two-level (L LAs with N/L SeDs each), and fits
+the model by least squares. :data:`DEFAULT_FIGURES` are the figures measured
+when this was written; pass ``--figures FILE`` to use your own.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import ConfigError
+
+# Measured by `gridrpc deploy calibrate --seds 50,100,200 --las 5,10 --rounds 40` on the
+# development machine (2 vCPUs, Python 3.11, shared with other jobs); see docs/deployment.md.
+DEFAULT_FIGURES = {
+    "per_child": 0.000150,   # s per child of one agent (agent + child side, one event loop)
+    "per_hop": 0.00060,      # s per extra agent level (an LA's own forward/aggregate/reply)
+    "base": 0.0020,          # s: client + MA + one SeD, independent of the shape
+    "rtt": 0.0002,           # s per extra level: one LAN round trip (not measured: loopback)
+    "source": "built-in (gridrpc deploy calibrate, 2 vCPU development machine)",
+}
+
+PLAN_ONLY_HOST_KEYS = ("seds", "agents")
+
+
+@dataclass
+class Figures:
+    per_child: float
+    per_hop: float
+    base: float = 0.0
+    rtt: float = 0.0002
+    source: str = ""
+    samples: list = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | None) -> "Figures":
+        if not path:
+            return cls(**DEFAULT_FIGURES)
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read figures from {path}: {exc}") from None
+        known = {k: data[k] for k in ("per_child", "per_hop", "base", "rtt", "source", "samples") if k in data}
+        if "per_child" not in known or "per_hop" not in known:
+            raise ConfigError(f"{path}: needs 'per_child' and 'per_hop' (seconds)")
+        return cls(**known)
+
+
+# -- the shape ----------------------------------------------------------------
+
+@dataclass
+class Shape:
+    """Agents per level, top first (``[1]`` is a flat tree: the MA only)."""
+    agents: list[int]
+    seds: int
+
+    @property
+    def levels(self) -> int:
+        return len(self.agents)
+
+    def fanouts(self) -> list[int]:
+        """The largest number of children of one agent, per level."""
+        below = self.agents[1:] + [self.seds]
+        return [math.ceil(b / a) for a, b in zip(self.agents, below)]
+
+    def latency(self, f: Figures) -> float:
+        return f.base + f.per_child * sum(self.fanouts()) + (self.levels - 1) * (f.per_hop + f.rtt)
+
+
+def shape_for(n: int, levels: int) -> Shape:
+    """Balanced shape with ``levels`` agent levels: fan-out ~ n ** (1/levels)."""
+    fan = max(2, math.ceil(n ** (1.0 / levels) - 1e-9))
+    agents, count = [], n
+    for _ in range(levels - 1):
+        count = math.ceil(count / fan)
+        agents.append(count)
+    agents.append(1)
+    agents.reverse()
+    # drop levels that collapsed to one agent under one agent
+    out = [1] + [a for a in agents[1:] if a > 1]
+    return Shape(agents=out, seds=n)
+
+
+def best_shape(n: int, f: Figures, max_levels: int = 4, max_fanout: int | None = None,
+               tolerance: float = 0.1) -> tuple[Shape, list[tuple[Shape, float]]]:
+    """The shape to use, and all candidates: among the shapes predicted within
+    ``tolerance`` (relative) of the fastest, the one with the fewest agents
+    (the figures are rough; fewer processes are cheaper to run and watch)."""
+    if n < 1:
+        raise ConfigError("--seds must be at least 1")
+    cands, seen = [], set()
+    for levels in range(1, max(1, max_levels) + 1):
+        s = shape_for(n, levels)
+        key = tuple(s.agents)
+        if key in seen:
+            continue
+        seen.add(key)
+        if max_fanout and max(s.fanouts()) > max_fanout:
+            continue
+        cands.append((s, s.latency(f)))
+    if not cands:
+        raise ConfigError(f"no shape with at most {max_levels} levels keeps the fan-out <= {max_fanout}")
+    fastest = min(lat for _, lat in cands)
+    near = [(s, lat) for s, lat in cands if lat <= fastest * (1 + tolerance)]
+    best = min(near, key=lambda sl: (sum(sl[0].agents), sl[1]))
+    return best[0], cands
+
+
+# -- placement ------------------------------------------------------------------
+
+def _load_hosts(path: str) -> dict[str, dict]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read hosts file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    hosts = data.get("hosts") if isinstance(data, dict) and "hosts" in data else data
+    if not isinstance(hosts, dict) or not hosts:
+        raise ConfigError(f"{path}: expected a 'hosts:' mapping of host name -> settings")
+    out = {}
+    for name, h in hosts.items():
+        h = dict(h or {})
+        if "seds" in h and (not isinstance(h["seds"], int) or h["seds"] < 0):
+            raise ConfigError(f"{path}: host {name}: 'seds' must be a number >= 0")
+        out[str(name)] = h
+    return out
+
+
+def _spread(n: int, hosts: dict[str, dict]) -> list[str]:
+    """The host of each SeD, grouped by host. A host's ``seds`` is its share
+    (e.g. its cores; default 1, 0 = no SeD there): SeDs are split in
+    proportion, largest remainders first."""
+    names = list(hosts)
+    weights = {h: hosts[h].get("seds", 1) for h in names}
+    total = sum(weights.values())
+    if total <= 0:
+        raise ConfigError("no host may run SeDs (every 'seds' is 0)")
+    counts = {h: n * w // total for h, w in weights.items()}
+    rest = n - sum(counts.values())
+    for h in sorted(names, key=lambda h: -(n * weights[h] % total))[:rest]:
+        counts[h] += 1
+    return [h for h in names for _ in range(counts[h])]
+
+
+def _blocks(items: list, k: int) -> list[list]:
+    """Split into k contiguous blocks of near-equal size."""
+    q, r = divmod(len(items), k)
+    out, i = [], 0
+    for j in range(k):
+        size = q + (1 if j < r else 0)
+        out.append(items[i:i + size])
+        i += size
+    return out
+
+
+def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max_fanout: int | None = None,
+         services: list[str] | None = None, name: str = "planned", ma_port: int = 5555,
+         pack: bool = False, tolerance: float = 0.1) -> tuple[dict, str]:
+    """Return (deployment file data, explanation)."""
+    shape, cands = best_shape(n, f, max_levels, max_fanout, tolerance)
+    agent_hosts = [h for h, v in hosts.items() if v.get("agents", True)]
+    if not agent_hosts:
+        raise ConfigError("no host may run agents (every host has 'agents: false')")
+    sed_hosts = _spread(n, hosts)
+
+    # bottom-up: each agent of the last level gets a contiguous block of SeDs,
+    # and lives on the host holding most of its block (when agents may run there)
+    load = {h: 0 for h in agent_hosts}
+
+    def place(children_hosts: list[str]) -> str:
+        counts: dict[str, int] = {}
+        for h in children_hosts:
+            counts[h] = counts.get(h, 0) + 1
+        for h, _ in sorted(counts.items(), key=lambda kv: -kv[1]):
+            if h in load:
+                load[h] += 1
+                return h
+        h = min(load, key=load.get)
+        load[h] += 1
+        return h
+
+    levels = shape.levels
+    sed_idx = list(range(n))
+    # groups[l] = list of (agent name, host, children indexes) for level l (0 = MA)
+    children_of_level: list = [None] * levels
+    child_hosts = sed_hosts
+    child_units = [[i] for i in sed_idx]            # SeD index groups, per child
+    agents_by_level: list[list[tuple[str, str, list[int]]]] = [[] for _ in range(levels)]
+    for lvl in range(levels - 1, -1, -1):
+        k = shape.agents[lvl]
+        blocks = _blocks(list(range(len(child_hosts))), k)
+        level_agents = []
+        for j, blk in enumerate(blocks):
+            host = place([child_hosts[i] for i in blk]) if lvl > 0 else (
+                agent_hosts[0] if hosts[agent_hosts[0]].get("agents", True) else place(child_hosts))
+            aname = "MA" if lvl == 0 else f"LA{lvl}-{j + 1}" if levels > 2 else f"LA{j + 1}"
+            level_agents.append((aname, host, blk))
+        agents_by_level[lvl] = level_agents
+        children_of_level[lvl] = child_units
+        child_hosts = [h for _, h, _ in level_agents]
+    if levels == 1:
+        agents_by_level[0] = [("MA", agent_hosts[0], list(range(n)))]
+
+    # wire parents
+    parent_of_sed: dict[int, str] = {}
+    la_entries = []
+    for lvl in range(levels):
+        for aname, host, blk in agents_by_level[lvl]:
+            if lvl == levels - 1:
+                for i in blk:
+                    parent_of_sed[i] = aname
+            else:
+                for ci in blk:
+                    child = agents_by_level[lvl + 1][ci]
+                    la_entries.append({"name": child[0], "parent": aname, "host": child[1]})
+    ma_host = agents_by_level[0][0][1]
+
+    svc = services or []
+    def sed_common() -> dict:
+        return {"services": list(svc)} if svc else {"examples": True}
+
+    seds = []
+    per_host_count: dict[str, int] = {}
+    if pack:
+        groups: dict[tuple[str, str], int] = {}
+        for i in sed_idx:
+            key = (sed_hosts[i], parent_of_sed[i])
+            groups[key] = groups.get(key, 0) + 1
+        for (h, p), cnt in groups.items():
+            per_host_count[h] = per_host_count.get(h, 0) + 1
+            seds.append({"name": f"sed-{h}-{per_host_count[h]}", "parent": p, "host": h, **sed_common(),
+                         **({"replicas": cnt} if cnt > 1 else {})})
+    else:
+        for i in sed_idx:
+            h = sed_hosts[i]
+            per_host_count[h] = per_host_count.get(h, 0) + 1
+            seds.append({"name": f"sed-{h}-{per_host_count[h]}", "parent": parent_of_sed[i], "host": h,
+                         **sed_common()})
+
+    out_hosts = {}
+    for h, v in hosts.items():
+        clean = {k: val for k, val in v.items() if k not in PLAN_ONLY_HOST_KEYS}
+        if h in ("localhost", "local") and not clean:
+            continue
+        out_hosts[h] = clean
+    data: dict = {"name": name}
+    if out_hosts:
+        data["hosts"] = out_hosts
+    data["master_agent"] = {"name": "MA", "host": ma_host, "port": ma_port}
+    if la_entries:
+        data["local_agents"] = la_entries
+    data["seds"] = seds
+
+    def describe(s: Shape) -> str:
+        return (f"{s.levels} agent level(s), agents per level {'+'.join(map(str, s.agents))}, "
+                f"max fan-out per level {'/'.join(map(str, s.fanouts()))}")
+    lines = [f"planned by 'gridrpc deploy plan --seds {n}' on {len(hosts)} host(s)",
+             f"model: latency = base + per_child * sum(fan-out per level) + (levels-1) * (per_hop + rtt)",
+             f"figures: per_child={f.per_child * 1e6:.0f}us per_hop={f.per_hop * 1e6:.0f}us "
+             f"base={f.base * 1e3:.1f}ms rtt={f.rtt * 1e6:.0f}us ({f.source or 'figures file'})",
+             f"choice: fewest agents among shapes within {tolerance:.0%} of the fastest prediction",
+             "candidates:"]
+    for s, lat in cands:
+        mark = "  <- chosen" if s.agents == shape.agents else ""
+        lines.append(f"  {describe(s)}: predicted discovery {lat * 1e3:.2f} ms{mark}")
+    return data, "\n".join(lines)
+
+
+def _flow(d) -> str:
+    return yaml.safe_dump(d, default_flow_style=True, width=10 ** 6, sort_keys=False).strip()
+
+
+def dump_deployment(data: dict) -> str:
+    """YAML in the style of deployments/*.yaml: one line per host and element."""
+    out = [f"name: {data['name']}"]
+    if data.get("heartbeat"):
+        out.append(f"heartbeat: {_flow(data['heartbeat'])}")
+    if data.get("hosts"):
+        out.append("hosts:")
+        out += [f"  {h}: {_flow(v)}" for h, v in data["hosts"].items()]
+    out.append(f"master_agent: {_flow(data['master_agent'])}")
+    for section in ("local_agents", "seds"):
+        if data.get(section):
+            out.append(f"{section}:")
+            out += [f"  - {_flow(e)}" for e in data[section]]
+    return "\n".join(out) + "\n"
+
+
+def cmd_plan(a) -> int:
+    from ..errors import GridRPCError
+    try:
+        f = Figures.load(a.figures)
+        hosts = _load_hosts(a.hosts)
+        services = None if a.services in ("examples", "", None) else [s.strip() for s in a.services.split(",") if s.strip()]
+        name = a.name or (Path(a.output).stem if a.output else "planned")
+        data, why = plan(a.seds, hosts, f, max_levels=a.max_levels, max_fanout=a.max_fanout,
+                         services=services, name=name, ma_port=a.ma_port, pack=a.pack,
+                         tolerance=a.tolerance)
+        from .spec import parse
+        parse(json.loads(json.dumps(data)), name=name)   # what we write must load
+    except GridRPCError as exc:
+        print(f"gridrpc deploy plan: {exc}", file=sys.stderr)
+        return 1
+    text = "".join(f"# {line}\n" for line in why.splitlines()) + dump_deployment(data)
+    if a.output:
+        Path(a.output).write_text(text)
+        print(why, file=sys.stderr)
+        print(f"wrote {a.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# -- measuring the figures ----------------------------------------------------------
+
+def _discovery_times(ma: str, rounds: int, k: int = 10) -> list[float]:
+    from ..client import Client
+    with Client(ma, discovery_timeout=10) as c:
+        for _ in range(5):      # warm-up: connections, first-use costs
+            c.discover("add", k)
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            servers = c.discover("add", k)
+            times.append(time.perf_counter() - t)
+            if not servers:
+                raise RuntimeError("discovery found no server")
+    return sorted(times)
+
+
+def _quantile(sorted_times: list[float], q: float) -> float:
+    return sorted_times[min(len(sorted_times) - 1, int(q * len(sorted_times)))]
+
+
+def measure(n: int, las: int, rounds: int = 30) -> dict:
+    """Discovery latency (s) of an in-process tree, {"p20", "median"}: ``las``
+    = 0 is flat (n SeDs under the MA), else ``las`` LAs with n/las SeDs each."""
+    from ..testing import LocalTree
+    opts = {"isolation": "inline"}
+    if las == 0:
+        tree = LocalTree(las=0, seds_per_la=0, seds_under_ma=1, replicas=n, http=False, services=["add"],
+                         sed_options=opts, hb_interval=1.0, hb_timeout=6.0)
+    else:
+        if n % las:
+            raise ValueError(f"{n} SeDs do not split evenly over {las} LAs")
+        tree = LocalTree(las=las, seds_per_la=1, replicas=n // las, http=False, services=["add"],
+                         sed_options=opts, hb_interval=1.0, hb_timeout=6.0)
+    with tree:
+        tree.wait_registered(timeout=60)
+        times = _discovery_times(tree.ma_address, rounds)
+    return {"p20": _quantile(times, 0.2), "median": statistics.median(times)}
+
+
+def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares for a few unknowns (normal equations)."""
+    k = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    aty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(k)]
+    for i in range(k):  # Gauss-Jordan
+        p = max(range(i, k), key=lambda r: abs(ata[r][i]))
+        ata[i], ata[p], aty[i], aty[p] = ata[p], ata[i], aty[p], aty[i]
+        piv = ata[i][i] or 1e-18
+        for j in range(k):
+            if j != i:
+                fct = ata[j][i] / piv
+                ata[j] = [x - fct * y for x, y in zip(ata[j], ata[i])]
+                aty[j] -= fct * aty[i]
+    return [aty[i] / (ata[i][i] or 1e-18) for i in range(k)]
+
+
+def calibrate(seds=(50, 100, 200), las=(5,), rounds: int = 30,
+              progress=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """Measure flat and two-level in-process trees and fit the model.
+
+    In one process every agent and SeD share one event loop, so a run costs
+    the *sum* of all work: flat ``base + per_child*N``; two-level
+    ``base + per_child*(N + L) + per_hop*L``. The fitted ``per_child`` thus
+    includes the SeD side of each child (an upper bound for the agent alone),
+    and ``per_hop`` is one LA's own share; a real tree pays ``per_hop`` once
+    per level since LAs work in parallel on their hosts. The fit uses the
+    20th percentile of each run: on a shared machine, the median carries
+    other jobs' interference (both are kept in ``samples``).
+    """
+    samples, rows, ys = [], [], []
+    for n in seds:
+        for l in (0, *las):
+            if l and n % l:
+                continue
+            m = measure(n, l, rounds)
+            t = m["p20"]
+            samples.append({"seds": n, "las": l, "p20_s": t, "median_s": m["median"]})
+            progress(f"  {n:4d} SeDs, {'flat' if l == 0 else f'{l} LAs':>7s}: discovery p20 {t * 1e3:.2f} ms, "
+                     f"median {m['median'] * 1e3:.2f} ms")
+            rows.append([1.0, float(n + l), float(l)])
+            ys.append(t)
+    base, per_child, per_hop = _lstsq(rows, ys)
+    try:
+        import os
+        load = f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except (OSError, AttributeError):  # pragma: no cover
+        load = ""
+    return {"per_child": max(per_child, 1e-7), "per_hop": max(per_hop, 0.0), "base": max(base, 0.0),
+            "rtt": DEFAULT_FIGURES["rtt"], "samples": samples,
+            "fit": {"base": base, "per_child": per_child, "per_hop": per_hop},
+            "source": f"gridrpc deploy calibrate on {time.strftime('%Y-%m-%d')}, {rounds} rounds each{load}"}
+
+
+def cmd_calibrate(a) -> int:
+    try:
+        seds = [int(x) for x in str(a.seds).split(",") if x.strip()]
+        las = [int(x) for x in str(a.las).split(",") if x.strip()]
+    except ValueError:
+        print("gridrpc deploy calibrate: --seds and --las take comma-separated numbers", file=sys.stderr)
+        return 2
+    figs = calibrate(seds, las, a.rounds)
+    print(f"per_child={figs['per_child'] * 1e6:.1f}us per_hop={figs['per_hop'] * 1e6:.1f}us "
+          f"base={figs['base'] * 1e3:.2f}ms", file=sys.stderr)
+    text = json.dumps(figs, indent=2)
+    if a.output:
+        Path(a.output).write_text(text + "\n")
+        print(f"wrote {a.output}", file=sys.stderr)
+    else:
+        print(text)
+    return 0

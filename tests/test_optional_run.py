@@ -1,0 +1,117 @@
+"""run_optional on a real in-process tree (ethic SeDs): results come back,
+cleanup leaves no call on any SeD, failures and cancellation."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+import gridrpc
+from gridrpc.client.optional import _as_args, _classify, run_optional
+from gridrpc.core.metrics import metrics_from_events
+from gridrpc.testing import LocalTree, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def tree():
+    with LocalTree(las=1, seds_per_la=3, http=False, sed_options={"queue": "ethic"}) as t:
+        yield t
+
+
+def _no_calls_left(tree) -> bool:
+    for sed in tree.seds:
+        if sed.calls:
+            return False
+        for r in sed.replicas.values():
+            if r.scheduler.requests or r.scheduler.running:
+                return False
+    return True
+
+
+def test_results_returned_and_nothing_left(tree):
+    with gridrpc.Client(tree.ma_address, user="alice") as c:
+        t0 = time.monotonic()
+        out = c.run_optional("sleep", mandatory=[0.05, 0.06, 0.07], optional=itertools.repeat(0.05),
+                             deadline=0.6)
+        elapsed = time.monotonic() - t0
+    assert out.mandatory == [0.05, 0.06, 0.07]          # in the order given
+    assert out.ok and not out.errors
+    assert out.optional and all(args == 0.05 and value == 0.05 for args, value in out.optional)
+    assert len(out) == 3 + len(out.optional)
+    assert 0.55 <= elapsed < 10
+    # the user stayed until the deadline, then cancelled what was still running
+    assert out.statistics["phase"] == "finished" and out.statistics["outstanding"] == 0
+    wait_for(lambda: _no_calls_left(tree), 5, "every SeD queue empty")
+    m = metrics_from_events(out.events, 3)
+    assert m.unhappy_users == 0
+    assert m.completed == 3 + len(out.optional)
+
+
+def test_finite_optional_ends_early(tree):
+    with gridrpc.Client(tree.ma_address, user="bob") as c:
+        t0 = time.monotonic()
+        out = c.run_optional("add", mandatory=[(1, 2)], optional=[(i, i) for i in range(5)], deadline=30)
+        assert time.monotonic() - t0 < 10                # nothing left to do: no wait for the deadline
+    assert out.mandatory == [3]
+    assert sorted(v for _, v in out.optional) == [0, 2, 4, 6, 8]
+
+
+def test_mandatory_failure_strict_and_not(tree):
+    with gridrpc.Client(tree.ma_address, user="carol") as c:
+        with pytest.raises(gridrpc.RemoteError) as info:
+            c.run_optional("fail", mandatory=["boom"], optional=[], deadline=0.2)
+        assert not info.value.partial.ok
+        out = c.run_optional("fail", mandatory=["boom"], optional=[], deadline=0.2, strict=False)
+    assert out.mandatory == [None] and isinstance(out.errors[0], gridrpc.RemoteError)
+    assert not out.ok
+
+
+def test_cancelled_task_cancels_every_call(tree):
+    async def main():
+        async with gridrpc.AsyncClient(tree.ma_address, user="dave") as c:
+            task = asyncio.ensure_future(c.run_optional("sleep", mandatory=[0.05],
+                                                        optional=itertools.repeat(5.0), deadline=60))
+            # wait until the long optional calls run on the SeDs
+            for _ in range(200):
+                await asyncio.sleep(0.02)
+                if sum(len(s.calls) for s in tree.seds) >= 3:
+                    break
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    t0 = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - t0 < 10                   # did not wait for the 5 s calls
+    wait_for(lambda: _no_calls_left(tree), 5, "every SeD queue empty after cancellation")
+
+
+def test_legacy_client_via_n_submit(tree):
+    async def main():
+        async with gridrpc.AsyncClient(tree.ma_address, user="erin") as c:
+            return await c.run_optional("sleep", mandatory=[0.01] * 2, optional=itertools.repeat(0.01),
+                                        deadline=0.3, n_submit=6)
+    out = asyncio.run(main())
+    assert out.mandatory == [0.01, 0.01] and len(out.optional) == 4
+    wait_for(lambda: _no_calls_left(tree), 5, "every SeD queue empty")
+
+
+def test_bad_arguments(tree):
+    with gridrpc.Client(tree.ma_address) as c:
+        with pytest.raises(ValueError):
+            c.run_optional("sleep", mandatory=[0.1], deadline=-1)
+        with pytest.raises(gridrpc.GridRPCError):
+            c.run_optional("no-such-service", mandatory=[1], deadline=1)
+
+
+def test_helpers():
+    assert _as_args((1, 2)) == (1, 2) and _as_args(3) == (3,) and _as_args([1]) == ([1],)
+    assert _classify(gridrpc.CallPreempted("x")) == ("killed", True)
+    assert _classify(gridrpc.CallCancelled("x")) == ("cancelled", True)
+    assert _classify(gridrpc.CommunicationError("x")) == ("failed", True)
+    assert _classify(gridrpc.RemoteError("x")) == ("failed", False)
+    with pytest.raises(ValueError):
+        asyncio.run(run_optional(None, "s", [1], [], deadline=-0.5))

@@ -150,7 +150,8 @@ class Started:
 
     ``pid_start`` identifies the process beyond its PID (local: psutil create
     time; SSH: ``/proc/PID/stat`` start time; empty when unknown) so a reused
-    PID is never signalled. ``step`` is the Slurm step name, if any.
+    PID is never signalled. ``step`` and ``job_id`` are the Slurm step name
+    and allocation, if any (kept so another shell can ``scancel`` the step).
     """
     launcher: str
     host: str
@@ -162,6 +163,7 @@ class Started:
     pid_start: str = ""
     started_at: float = 0.0
     step: str = ""
+    job_id: str = ""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -810,14 +812,17 @@ class SlurmLauncher:
         step = f"gridrpc-{re.sub(r'[^A-Za-z0-9_.-]', '_', name or 'element')}-{secrets.token_hex(3)}"
         started = self._local.start(self.srun_argv(command, step), name=name, env=env)
         return Started(**{**started.to_dict(), "launcher": self.launcher_name, "host": self.host,
-                          "command": tuple(command), "step": step})
+                          "command": tuple(command), "step": step, "job_id": self.job_id})
 
     def alive(self, started: Started) -> bool:
         return self._local.alive(started)
 
-    def _step_ids(self, step: str) -> list[str]:
+    def _step_ids(self, step: str, job_id: str = "") -> list[str]:
+        job_id = job_id or self.job_id
+        if not job_id or not step:
+            return []
         try:
-            res = subprocess.run([self.squeue, "--steps", f"--jobs={self.job_id}", "--noheader",
+            res = subprocess.run([self.squeue, "--steps", f"--jobs={job_id}", "--noheader",
                                   "--format=%i %j"], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return []
@@ -833,7 +838,7 @@ class SlurmLauncher:
             return "terminated"
         if self._local._wait_gone(started, timeout):
             return "terminated"
-        for step_id in self._step_ids(started.step):
+        for step_id in self._step_ids(started.step, started.job_id):
             subprocess.run([self.scancel, step_id], capture_output=True, timeout=30)
         self._local.stop(started, timeout=0)  # SIGKILL the srun client
         return "killed"
@@ -867,7 +872,7 @@ class SlurmLauncher:
                 out[st.pid] = "terminated"
         for st in live:
             if st.pid not in out:
-                for step_id in self._step_ids(st.step):
+                for step_id in self._step_ids(st.step, st.job_id):
                     subprocess.run([self.scancel, step_id], capture_output=True, timeout=30)
                 try:
                     self._local.stop(st, timeout=0)

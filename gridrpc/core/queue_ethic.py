@@ -125,16 +125,24 @@ class EthicPolicy:
             return allocated
         present = {r.user for r in requests}
         eff: dict[str, float] = {}
+        arriving = []
         for u in present:
-            alloc = allocated.get(u, 0.0)
             seen = self._last_seen.get(u)
             if u not in self._offset or seen is None or seen < self._prev_eval:
-                # (re)appearing: no credit for the time it was away
-                own = alloc - self._offset[u] if u in self._offset else float("-inf")
-                self._offset[u] = alloc - max(own, self._vtime)
-            eff[u] = alloc - self._offset[u]
+                arriving.append(u)
+            else:
+                eff[u] = allocated.get(u, 0.0) - self._offset[u]
+        # the virtual time *now* (users already present accumulated service
+        # since the last evaluation), before the arriving users join
         if eff:
             self._vtime = max(self._vtime, min(eff.values()))
+        for u in arriving:
+            # (re)appearing: level with the least served present user, and no
+            # credit for the time it was away
+            alloc = allocated.get(u, 0.0)
+            own = alloc - self._offset[u] if u in self._offset else float("-inf")
+            self._offset[u] = alloc - max(own, self._vtime)
+            eff[u] = alloc - self._offset[u]
         for u in present:
             self._last_seen[u] = now
         if len(self._last_seen) > 64 and now - min(self._last_seen.values()) > self.forget_after:

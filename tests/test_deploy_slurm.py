@@ -49,7 +49,7 @@ def our_steps(cluster, job: str) -> list[str]:
 def spec_file(tmp_path, cluster, node: str | None = None):
     port = free_port()
     spec = {"name": "slurm-test", "heartbeat": {"interval": 0.3, "timeout": 1.0},
-            "hosts": {"node1": {"launcher": "slurm", "node": node or cluster.node_name, "address": "127.0.0.1",
+            "hosts": {"node1": {"launcher": "slurm", "node": node or "@0", "address": "127.0.0.1",
                                 "python": sys.executable}},
             "master_agent": {"name": "MA", "host": "node1", "port": port},
             "local_agents": [{"name": "LA1", "parent": "MA", "host": "node1"}],
@@ -97,7 +97,7 @@ def test_deploy_inside_an_allocation(slurm_cluster, allocation, tmp_path):  # no
 
 def test_outside_an_allocation_or_wrong_node_is_a_clear_error(slurm_cluster, allocation, tmp_path):  # noqa: F811
     c = slurm_cluster
-    f, _ = spec_file(tmp_path, c)
+    f, _ = spec_file(tmp_path, c, node=c.node_name)
     r = gridrpc(c.full_env(), "deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
     assert r.returncode == 1
     assert "host node1 (for MA, LA1, sed-1): not inside a Slurm allocation (SLURM_JOB_ID is not set)" in r.stderr
@@ -107,4 +107,7 @@ def test_outside_an_allocation_or_wrong_node_is_a_clear_error(slurm_cluster, all
     r = gridrpc(env, "deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
     assert r.returncode == 1
     assert f"node 'nosuchnode7' is not in allocation {allocation} (nodes: {c.node_name})" in r.stderr
+    f, _ = spec_file(tmp_path, c, node="@3")
+    r = gridrpc(env, "deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
+    assert r.returncode == 1 and "node @3 but the allocation has only 1 node(s)" in r.stderr
     assert our_steps(c, allocation) == []

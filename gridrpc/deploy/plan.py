@@ -353,19 +353,19 @@ def _quantile(sorted_times: list[float], q: float) -> float:
     return sorted_times[min(len(sorted_times) - 1, int(q * len(sorted_times)))]
 
 
-def measure(n: int, las: int, rounds: int = 30) -> dict:
+def measure(n: int, las: int, rounds: int = 30, hb_interval: float = 1.0) -> dict:
     """Discovery latency (s) of an in-process tree, {"p20", "median"}: ``las``
     = 0 is flat (n SeDs under the MA), else ``las`` LAs with n/las SeDs each."""
     from ..testing import LocalTree
     opts = {"isolation": "inline"}
     if las == 0:
         tree = LocalTree(las=0, seds_per_la=0, seds_under_ma=1, replicas=n, http=False, services=["add"],
-                         sed_options=opts, hb_interval=1.0, hb_timeout=6.0)
+                         sed_options=opts, hb_interval=hb_interval, hb_timeout=6.0)
     else:
         if n % las:
             raise ValueError(f"{n} SeDs do not split evenly over {las} LAs")
         tree = LocalTree(las=las, seds_per_la=1, replicas=n // las, http=False, services=["add"],
-                         sed_options=opts, hb_interval=1.0, hb_timeout=6.0)
+                         sed_options=opts, hb_interval=hb_interval, hb_timeout=6.0)
     with tree:
         tree.wait_registered(timeout=60)
         times = _discovery_times(tree.ma_address, rounds)
@@ -390,7 +390,7 @@ def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
 
 
 def calibrate(seds=(50, 100, 200), las=(5,), rounds: int = 30,
-              progress=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+              progress=lambda s: print(s, file=sys.stderr, flush=True), hb_interval: float = 1.0) -> dict:
     """Measure flat and two-level in-process trees and fit the model.
 
     In one process every agent and SeD share one event loop, so a run costs
@@ -407,7 +407,7 @@ def calibrate(seds=(50, 100, 200), las=(5,), rounds: int = 30,
         for l in (0, *las):
             if l and n % l:
                 continue
-            m = measure(n, l, rounds)
+            m = measure(n, l, rounds, hb_interval)
             t = m["p20"]
             samples.append({"seds": n, "las": l, "p20_s": t, "median_s": m["median"]})
             progress(f"  {n:4d} SeDs, {'flat' if l == 0 else f'{l} LAs':>7s}: discovery p20 {t * 1e3:.2f} ms, "

@@ -57,6 +57,29 @@ def _first_line(text: str) -> str:
     return (str(text).strip().splitlines() or [""])[0]
 
 
+_nodes_cache: dict[str, list[str]] = {}
+
+
+def allocation_nodes() -> list[str]:
+    """Node names of the current Slurm allocation (empty outside one)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        return []
+    if nodelist not in _nodes_cache:
+        nodes: list[str] = []
+        if shutil.which("scontrol"):
+            try:
+                res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                                     text=True, timeout=20)
+                nodes = res.stdout.split()
+            except (OSError, subprocess.TimeoutExpired):
+                nodes = []
+        if not nodes and "[" not in nodelist:
+            nodes = [n for n in nodelist.split(",") if n]
+        _nodes_cache[nodelist] = nodes
+    return _nodes_cache[nodelist]
+
+
 class Deployment:
     """One deployment: ``up()``, ``status()``, ``logs(name)``, ``down()``.
 
@@ -130,8 +153,26 @@ class Deployment:
                 workdir=h.workdir or f"gridrpc-work/{self.spec.name}", env=dict(h.env),
                 ssh_options=tuple(h.ssh_options), wrapper=tuple(h.wrapper),
                 connect_timeout=h.connect_timeout, check_window=0.3, control_path=self._control_path(h)))
-        return SlurmLauncher(h.node or h.name, self.state_dir, env=dict(h.env), extra_args=h.srun_args,
+        return SlurmLauncher(self._slurm_node(h), self.state_dir, env=dict(h.env), extra_args=h.srun_args,
                              check_window=0.3)
+
+    def _slurm_node(self, h: HostSpec) -> str:
+        """``node: "@I"`` is the I-th node of the allocation (0-based, from
+        ``SLURM_JOB_NODELIST``); other values are node names."""
+        node = str(h.node or h.name)
+        if not node.startswith("@"):
+            return node
+        try:
+            index = int(node[1:])
+        except ValueError:
+            raise ConfigError(f"host {h.name}: node {node!r}: expected '@' and a number, e.g. '@0'") from None
+        nodes = allocation_nodes()
+        if not nodes:
+            return node  # not in an allocation: preflight says so
+        if index >= len(nodes):
+            raise ConfigError(f"host {h.name}: node {node} but the allocation has only {len(nodes)} node(s): "
+                              + ", ".join(nodes))
+        return nodes[index]
 
     def python_for(self, e: ElementSpec) -> str:
         h = self.host_spec(e.host)
@@ -142,7 +183,10 @@ class Deployment:
         return h.python or sys.executable
 
     def bind_host(self, e: ElementSpec) -> str:
-        return self.host_spec(e.host).address
+        h = self.host_spec(e.host)
+        if h.launcher == "slurm" and h.address.startswith("@"):
+            return self.launcher(e.host).host      # the node's name, resolved in the allocation
+        return h.address
 
     def command(self, e: ElementSpec) -> list[str]:
         cmd = [self.python_for(e), "-m", "gridrpc", e.kind, "--name", e.name, "--host", self.bind_host(e),
@@ -222,17 +266,13 @@ class Deployment:
                               "'gridrpc deploy up' from salloc or sbatch", host=hn)
         if shutil.which(launcher.srun) is None:
             raise LaunchError(f"{launcher.srun!r} not found on PATH", host=hn)
-        nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-        if nodelist and shutil.which("scontrol"):
-            try:
-                res = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                                     text=True, timeout=20)
-                nodes = res.stdout.split()
-            except (OSError, subprocess.TimeoutExpired):
-                nodes = []
-            if nodes and launcher.host not in nodes:
-                raise LaunchError(f"node {launcher.host!r} is not in allocation {launcher.job_id} "
-                                  f"(nodes: {', '.join(nodes)})", host=hn)
+        nodes = allocation_nodes()
+        if launcher.host.startswith("@"):
+            raise LaunchError(f"node {launcher.host!r}: the allocation's node list is unknown "
+                              "(SLURM_JOB_NODELIST is not set)", host=hn)
+        if nodes and launcher.host not in nodes:
+            raise LaunchError(f"node {launcher.host!r} is not in allocation {launcher.job_id} "
+                              f"(nodes: {', '.join(nodes)})", host=hn)
         self.progress(f"  host {hn}: Slurm node {launcher.host} of job {launcher.job_id}")
 
     # -- up -------------------------------------------------------------------

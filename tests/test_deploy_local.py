@@ -230,3 +230,19 @@ def test_bad_files_are_clear(mutate, message):
     mutate(data)
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(data)
+
+
+@pytest.mark.parametrize("name", ["local", "two-hosts", "slurm-allocation"])
+def test_ready_files_load(name):
+    from gridrpc.deploy.spec import load
+    spec = load(REPO / "deployments" / f"{name}.yaml")
+    assert spec.name == name and spec.ma.name == "MA"
+    launchers = {spec.host(e.host).launcher for e in spec.elements}
+    assert launchers == {"local": {"local"}, "two-hosts": {"local", "ssh"}, "slurm-allocation": {"slurm"}}[name]
+    d = Deployment(spec, state_dir="/tmp/unused")
+    d.addresses = {e.name: "tcp://127.0.0.1:1" for e in spec.elements}
+    for e in spec.elements:
+        cmd = d.command(e)
+        assert cmd[1:4] == ["-m", "gridrpc", e.kind]
+        if spec.host(e.host).launcher != "local":
+            assert "--orphan-timeout" in cmd       # remote elements never outlive a lost tree

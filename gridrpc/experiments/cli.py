@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
                    help="ethic queue: s (paper units) a new mandatory request waits before killing optional ones")
     e.add_argument("--accounting", choices=["cumulative", "virtual"], default="cumulative",
                    help="ethic rule 4: allocation since the SeD started (paper) or start-time fair queuing")
+    e.add_argument("--skip-late", action="store_true",
+                   help="ethic clients send no optional request that would end after the deadline")
     e.add_argument("--sed-processes", type=int, default=1, help="SeD processes holding the N SeDs as replicas")
     e.add_argument("--json", required=True, metavar="PATH", help="write the results here")
     e.add_argument("--events", metavar="PATH", default=None,
@@ -51,7 +53,8 @@ def cmd_ethic(a: argparse.Namespace) -> int:
                           task_time=a.task_time, n_min=a.n_min, n_max=a.n_max,
                           arrival_interval=a.arrival_interval, runs=a.runs, seed=a.seed, legacy=a.legacy,
                           n_submit=a.n_submit, time_scale=a.time_scale, kill_grace=a.kill_grace,
-                          accounting=a.accounting, sed_processes=a.sed_processes)
+                          accounting=a.accounting, sed_processes=a.sed_processes,
+                          skip_late=a.skip_late)
     except ValueError as exc:
         print(f"gridrpc experiment ethic: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from ..client.aio import AsyncClient
-from ..client.optional import call_events, drive
+from ..client.optional import DeadlineAwareDispatcher, call_events, drive
 from ..core.dispatcher import LegacyDispatcher, OptionalDispatcher
 from ..core.metrics import metrics_from_events
 from ..core.scenarios import SCENARIOS, ClientPlan, generate
@@ -56,6 +56,7 @@ class EthicConfig:
     accounting: str = "cumulative"
     sed_processes: int = 1
     service: str = "sleep"
+    skip_late: bool = False            # ethic clients: DeadlineAwareDispatcher
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -100,7 +101,8 @@ async def _user(plan: ClientPlan, cfg: EthicConfig, ma: str, origin: float, name
             n_submit = max(plan.n_min, min(cfg.n_submit, plan.n_max))
             disp = LegacyDispatcher(n_submit, mand, opt, deadline, names)
         else:
-            disp = OptionalDispatcher(mand, opt, deadline, names)
+            cls = DeadlineAwareDispatcher if cfg.skip_late else OptionalDispatcher
+            disp = cls(mand, opt, deadline, names)
         calls = await drive(client, cfg.service, disp, servers)
     events = disp.events(name) + call_events(calls, disp.records, name)
     for e in events:

@@ -79,7 +79,7 @@ def table(data: dict[str, dict]) -> str:
             "|---|---|---|---|---|---|---|"]
     for sc in [*SCENARIOS, "scale"]:
         names = [f"{sc}.{s}" for s, _, _ in ETHIC] + [f"{sc}.legacy-{ns}" for ns in N_SUBMIT] + \
-            sorted(n for n in data if n.startswith(f"{sc}.ethic-virtual-grace"))
+            sorted(n for n in data if n.startswith(f"{sc}.ethic-virtual-"))
         for n in names:
             d = data.get(n)
             if not d:

@@ -26,7 +26,7 @@ __all__ = ["simulate"]
 
 def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
              queue_options: dict | None = None, n_submit: int | None = None,
-             seed: int = 0) -> tuple[list[dict], Any]:
+             seed: int = 0, dispatcher_cls: type = OptionalDispatcher) -> tuple[list[dict], Any]:
     """Run ``plans`` on ``n_seds`` simulated SeDs. ``n_submit`` set: legacy
     clients (and normally ``queue="fcfs"``). Returns ``(events, metrics)``."""
     rng = random.Random(seed)
@@ -42,6 +42,7 @@ def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
     running_token: dict[str, int] = {}           # request id -> token of its finish event
     req_server: dict[str, str] = {}
     wakeups: dict[str, float] = {}
+    start_of: dict[str, float] = {}
 
     def push(t, kind, *data):
         heapq.heappush(heap, (t, next(seq), kind, data))
@@ -56,6 +57,7 @@ def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
             if isinstance(a, Start):
                 tok = next(seq)
                 running_token[rid] = tok
+                start_of[rid] = now
                 events.append({"type": "call_start", "t": now, "call": rid, "user": user,
                                "optional": key.startswith("o"), "server": sname})
                 push(now + plan_of[user].task_time, "finish", sname, rid, tok)
@@ -91,7 +93,7 @@ def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
             mand = [p.task_time] * p.n_min
             opt = itertools.repeat(p.task_time, p.n_max - p.n_min)
             if n_submit is None:
-                d = OptionalDispatcher(mand, opt, p.deadline, order[:p.n_max])
+                d = dispatcher_cls(mand, opt, p.deadline, order[:p.n_max])
             else:
                 d = LegacyDispatcher(max(p.n_min, min(n_submit, p.n_max)), mand, opt, p.deadline,
                                      order[:p.n_max])
@@ -105,7 +107,7 @@ def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
             user, key = rid.split("/", 1)
             events.append({"type": "call_end", "t": now, "call": rid, "status": "completed"})
             sed_actions(sname, sed_of[sname].finished(rid, now), now)
-            client_actions(user, disps[user].on_done(key, True, now), now)
+            client_actions(user, disps[user].on_done(key, True, now, started=start_of.pop(rid, None)), now)
         elif kind == "done":
             user, key, ok = data
             client_actions(user, disps[user].on_done(key, ok, now, retry=True), now)

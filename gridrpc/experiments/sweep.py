@@ -37,6 +37,12 @@ def points(runs: int, scale: float, scale_big: float, runs_big: int) -> list[tup
             pts.append((f"{sc}.ethic-virtual-grace{grace:g}",
                         EthicConfig(scenario=sc, runs=runs, time_scale=scale, accounting="virtual",
                                     kill_grace=grace)))
+    for sc in ("day-regular", "day-diurnal-random"):
+        pts.append((f"{sc}.ethic-virtual-skiplate",
+                    EthicConfig(scenario=sc, runs=runs, time_scale=scale, accounting="virtual", skip_late=True)))
+    pts.append(("day-regular.ethic-virtual-grace1-skiplate",
+                EthicConfig(scenario="day-regular", runs=runs, time_scale=scale, accounting="virtual",
+                            kill_grace=1.0, skip_late=True)))
     return pts
 
 

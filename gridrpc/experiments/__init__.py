@@ -1,0 +1,9 @@
+"""Experiments: ``gridrpc experiment ethic`` (fair optional computations).
+
+* :mod:`.ethic` — one scenario on a real local tree, metrics from the event log;
+* :mod:`.tree` — the MA and SeD processes of an experiment;
+* :mod:`.sim` — the same pure objects on a virtual clock (fast comparisons);
+* :mod:`.sweep`, :mod:`.plots` — the report's sweep, its plots and tables
+  (``docs/experiments/optional-computations.md``);
+* :mod:`.cli` — the ``experiment`` subcommand.
+"""

@@ -91,7 +91,10 @@ class EthicConfig:
 async def _user(plan: ClientPlan, cfg: EthicConfig, ma: str, origin: float, name: str,
                 out: dict[str, Any]) -> None:
     await asyncio.sleep(max(0.0, origin + plan.t0 - time.time()))
-    async with AsyncClient(ma, user=name, discovery_timeout=10.0) as client:
+    # a patient client: at scale a SeD process receives thousands of calls
+    # at once and may take seconds to acknowledge them all
+    async with AsyncClient(ma, user=name, discovery_timeout=30.0, ack_timeout=60.0,
+                           ping_timeout=30.0) as client:
         servers = await client.discover(cfg.service, max_servers=plan.n_max)
         mand = [plan.task_time] * plan.n_min
         opt = itertools.repeat(plan.task_time, plan.n_max - plan.n_min)

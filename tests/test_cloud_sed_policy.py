@@ -370,3 +370,16 @@ def test_cloud_cli_args_round_trip():
                            "services": ["a:b"], "name": "ignored"})
     assert args == ["--cloud", "endpoint=null", "--cloud", "image=\"ami-1\"",
                     "--cloud", "vm_args=[\"--queue\", \"fcfs\"]"]
+
+
+def test_shipped_cloud_deployment_file_is_valid():
+    from pathlib import Path
+
+    from gridrpc.deploy import spec as dspec
+    path = Path(__file__).resolve().parents[1] / "deployments" / "cloud.yaml"
+    spec = dspec.load(path)
+    clouds = [e for e in spec.elements if e.options.get("kind") == "cloud"]
+    assert [e.name for e in clouds] == ["ec2-per-call", "ec2-pool"]
+    pool_cfg = parse_cloud_config({k: v for k, v in clouds[1].options.items()
+                                   if k not in ("kind",)})
+    assert (pool_cfg.policy, pool_cfg.min_vms, pool_cfg.max_vms, pool_cfg.capacity) == ("pool", 1, 6, 12)

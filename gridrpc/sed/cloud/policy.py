@@ -343,7 +343,7 @@ class VMPool:
         if c.price_per_hour <= 0:
             return 0.0
         if c.policy == "per-call":
-            return price_per_call(self.boot_time + tcomp, c.price_per_hour, c.billing_granularity,
+            return price_per_call(max(self.boot_time + tcomp, 1e-9), c.price_per_hour, c.billing_granularity,
                                   minimum_s=c.billing_minimum)
         return price_per_call(max(tcomp, 1e-9), c.price_per_hour, c.billing_granularity) / c.vm_slots
 

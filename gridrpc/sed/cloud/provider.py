@@ -73,7 +73,9 @@ class CloudTimeout(CloudError, TimeoutError):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VMSpec:
     """What to start. ``tags`` are set atomically at creation (so an instance
-    is never visible untagged); ``name`` becomes the ``Name`` tag."""
+    is never visible untagged); ``name`` becomes the ``Name`` tag;
+    ``terminate_on_shutdown``: powering the VM off from inside terminates it
+    (no stopped instance left behind)."""
 
     image: str
     instance_type: str
@@ -82,6 +84,8 @@ class VMSpec:
     user_data: str = ""
     tags: dict[str, str] = field(default_factory=dict, hash=False)
     name: str = "gridrpc-vm"
+    # a shutdown from inside the VM terminates it (EC2 InstanceInitiatedShutdownBehavior)
+    terminate_on_shutdown: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -381,6 +385,7 @@ class LibcloudProvider:
                 ex_security_groups=[spec.security_group] if spec.security_group else None,
                 ex_userdata=spec.user_data or None,
                 ex_metadata=dict(spec.tags),
+                ex_terminate_on_shutdown=bool(spec.terminate_on_shutdown),
             )
         vm = self._to_vm(node)
         log.info("created VM %s (%s, %s) state=%s", vm.id, spec.image, spec.instance_type,

@@ -162,6 +162,11 @@ class CloudSeD(SeD):
         for cid, fut in list(self._waiters.items()):
             if not fut.done():
                 fut.set_exception(_CallFailed("the cloud SeD is shutting down"))
+        for call in list(self.calls.values()):       # queued here, never started
+            if call.state == "queued":
+                self._finish_call(call, m.error_header(
+                    call.id, "communication", f"cloud SeD {self.name} is shutting down",
+                    type_="CloudVMFailure", **self._timing(call)))
         for link in list(self._links.values()):
             link.close("shut down with the cloud SeD")
         await asyncio.sleep(0)                  # let the calls answer their clients
@@ -281,7 +286,7 @@ class CloudSeD(SeD):
                              orphan_timeout=c.vm_orphan_timeout, max_concurrent=c.vm_max_concurrent,
                              extra_args=c.vm_args)
         spec = VMSpec(image=c.image, instance_type=c.instance_type, key_name=c.key_name,
-                      security_group=c.security_group, name=name,
+                      security_group=c.security_group, name=name, terminate_on_shutdown=True,
                       user_data=render_user_data(vm_name=name, owner=self.name, command=command,
                                                  python=c.python, setup=c.setup, teardown=c.teardown),
                       tags={**c.tags, OWNER_TAG: self.name, VM_TAG: name, RUN_TAG: self.run_token})
@@ -346,8 +351,10 @@ class CloudSeD(SeD):
         """Compare the provider's list with the pool: VMs terminated behind our
         back are lost; tagged VMs nobody knows are terminated; failed
         terminations are retried."""
+        missing: dict[str, int] = {}
         while True:
             await asyncio.sleep(self.config.poll_interval)
+            listed_at = time.monotonic()
             try:
                 vms = await asyncio.to_thread(self.provider.list, {OWNER_TAG: self.name})
             except CloudError as exc:
@@ -355,7 +362,15 @@ class CloudSeD(SeD):
                 continue
             alive = {vm.id for vm in vms if vm.state not in TERMINAL_STATES}
             for name, st in list(self.policy.vms.items()):
-                if st.id is not None and st.state in ("booting", "ready") and st.id not in alive:
+                # missing from two lists in a row, both asked after its creation (a list
+                # may not show an instance launched a moment ago)
+                if (st.id is None or st.state not in ("booting", "ready") or st.id in alive
+                        or st.requested >= listed_at):
+                    missing.pop(name, None)
+                    continue
+                missing[name] = missing.get(name, 0) + 1
+                if missing[name] >= 2:
+                    del missing[name]
                     self._vm_gone(name, "was terminated outside the cloud SeD")
             for vm in vms:
                 name = vm.tags.get(VM_TAG, vm.id)

@@ -59,6 +59,7 @@ class _Call:
     started: float | None = None
     task: asyncio.Task | None = None
     state: str = "queued"
+    options: dict = field(default_factory=dict)    # per-call options of a SeD variant (batch: _batch)
 
 
 @dataclass
@@ -343,12 +344,13 @@ class SeD:
             return
         workdir = None
         try:
-            workdir = os.path.join(self.tmpdir, cid.replace("/", "_")[:80])
+            workdir = self._call_workdir(cid)
             sink = FileSink(workdir, as_path=True)
             args = codec.decode(h["args"], buffers, sink)
             kwargs = codec.decode(h["kwargs"], buffers, sink)
             if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
                 raise ProtocolError("kwargs must map names to values")
+            kwargs, options = self._call_options(svc, kwargs)
             svc.check(args, kwargs)
         except (ProtocolError, InvalidArgument) as exc:
             self.stats["rejected"] += 1
@@ -361,7 +363,7 @@ class SeD:
         optional = bool(h.get("optional", False))
         now = time.time()
         call = _Call(id=cid, route=route, replica=r, service=svc, args=args, kwargs=kwargs, user=user,
-                     optional=optional, received=now,
+                     optional=optional, received=now, options=options,
                      workdir=workdir if os.path.isdir(workdir) else None)
         self.calls[cid] = call
         self.stats["calls"] += 1
@@ -415,14 +417,29 @@ class SeD:
                 call.state = "killed"
                 if a.reason == "preempted":
                     self.stats["preempted"] += 1
-                killed = self.pool.kill(call.id) if self.isolation == "process" else False
-                if not killed and call.task:
-                    call.task.cancel()
+                self._kill_call(call)
                 kind = "preempted" if a.reason == "preempted" else "cancelled"
                 self._finish_call(call, m.error_header(
                     call.id, kind, f"call {a.reason} on {r.name}" + (
                         " (a mandatory request needed the server)" if kind == "preempted" else ""),
                     **self._timing(call)))
+
+    # -- hooks for SeD variants (the batch SeD overrides these) -----------
+    def _call_workdir(self, cid: str) -> str:
+        """Directory receiving the files sent with call *cid* (removed when it ends)."""
+        return os.path.join(self.tmpdir, cid.replace("/", "_")[:80])
+
+    def _call_options(self, svc: Service, kwargs: dict) -> tuple[dict, dict]:
+        """Split reserved keyword arguments (per-call options of a SeD variant,
+        e.g. the batch SeD's ``_batch``) from the service's own: returns
+        ``(kwargs, options)``; raises InvalidArgument on bad options. None here."""
+        return kwargs, {}
+
+    def _kill_call(self, call: _Call) -> None:
+        """Stop a running call (cancel or preemption); the caller answers the client."""
+        killed = self.pool.kill(call.id) if self.isolation == "process" else False
+        if not killed and call.task:
+            call.task.cancel()
 
     def _timing(self, call: _Call) -> dict:
         return {"server": call.replica.name, "timing": {

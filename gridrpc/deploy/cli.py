@@ -98,8 +98,11 @@ def run(a: argparse.Namespace) -> int:
             stopped = d.down()
             print(f"stopped {len(stopped)} element(s)")
             if d.down_errors:
-                print(f"gridrpc deploy down: could not stop {len(d.down_errors)} element(s): "
-                      + "; ".join(f"{n}: {e}" for n, e in d.down_errors.items())
+                by_error: dict[str, list[str]] = {}
+                for n, e in d.down_errors.items():
+                    by_error.setdefault(e, []).append(n)
+                print(f"gridrpc deploy down: could not stop {len(d.down_errors)} element(s):\n"
+                      + "\n".join(f"  - {', '.join(ns)}: {e}" for e, ns in by_error.items())
                       + f"\n(state kept in {d.state_dir}; run 'gridrpc deploy down' again)", file=sys.stderr)
                 return 1
         elif a.deploy_cmd == "status":

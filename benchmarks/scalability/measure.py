@@ -1,0 +1,212 @@
+"""Measurements: CPU of each element (psutil), sequential discovery latency,
+locust load steps (``gridrpc loadtest``), py-spy profiles."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+class CpuMeter:
+    """CPU use of processes (with their children: a SeD's workers, locust)
+    between ``start()`` and ``stop()``, by name, in percent of one core.
+
+    A thread samples every ``interval`` so a process that exits before
+    ``stop()`` still counts with its last sample; children born during the
+    window count from zero."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 0.5) -> None:
+        self.procs: dict[str, psutil.Process] = {}
+        for name, pid in pids.items():
+            try:
+                self.procs[name] = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                pass
+        self.interval = interval
+        self._t0 = 0.0
+        self._wall0 = 0.0
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._owner: dict[int, str] = {}
+        self._stop = None
+        self._thread = None
+
+    def _sample(self) -> None:
+        for name, p in self.procs.items():
+            try:
+                procs = [p] + p.children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for q in procs:
+                try:
+                    t = q.cpu_times()
+                    created = q.create_time()
+                except psutil.NoSuchProcess:
+                    continue
+                v = t.user + t.system
+                if q.pid not in self._first:
+                    self._first[q.pid] = 0.0 if created >= self._wall0 else v
+                    self._owner[q.pid] = name
+                self._last[q.pid] = v
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> None:
+        self._first, self._last, self._owner = {}, {}, {}
+        self._t0 = time.monotonic()
+        self._wall0 = time.time()
+        self._sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        dt = max(1e-6, time.monotonic() - self._t0)
+        out = {n: 0.0 for n in self.procs}
+        for pid, v in self._last.items():
+            out[self._owner[pid]] += max(0.0, v - self._first[pid])
+        return {n: 100.0 * v / dt for n, v in out.items()}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def discovery_latency(ma: str, rounds: int, *, service: str = "noop", k: int = 3,
+                      warmup: int = 20, max_seconds: float | None = None) -> dict:
+    """Sequential discoveries from one client (gridrpc.Client): ms per
+    discovery, ``rounds`` of them or as many as fit in ``max_seconds``."""
+    import gridrpc
+    lat = []
+    errors = 0
+    found = []
+    stop = None if max_seconds is None else time.monotonic() + max_seconds
+    with gridrpc.Client(ma, discovery_timeout=10) as c:
+        for i in range(warmup + rounds):
+            if stop is not None and i >= warmup and time.monotonic() > stop:
+                break
+            t0 = time.perf_counter()
+            try:
+                servers = c.discover(service, k)
+            except gridrpc.GridRPCError:
+                errors += 1
+                continue
+            ms = (time.perf_counter() - t0) * 1000
+            if i >= warmup:
+                lat.append(ms)
+                found.append(len(servers))
+    return {"rounds": len(lat), "errors": errors, "median_ms": pct(lat, 0.5), "p90_ms": pct(lat, 0.9),
+            "p99_ms": pct(lat, 0.99), "max_ms": max(lat) if lat else None,
+            "mean_ms": sum(lat) / len(lat) if lat else None, "found_min": min(found) if found else 0}
+
+
+def load_step(ma: str, users: int, seconds: float, max_requests: int, mix: str, workdir: Path,
+              meter: CpuMeter) -> dict:
+    """One bounded locust run (``gridrpc loadtest``) with CPU sampled meanwhile."""
+    out = Path(workdir) / f"step-{users}.json"
+    cmd = [sys.executable, "-m", "gridrpc", "loadtest", ma, "-u", str(users), "-t", f"{seconds:g}s",
+           "-n", str(max_requests), "--mix", mix, "--fail-ratio", "1", "--timeout", "20", "--json", str(out)]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    # wait for locust to be up before sampling (its start-up is not load)
+    locust_pid = None
+    t_end = time.monotonic() + 30
+    while time.monotonic() < t_end and p.poll() is None:
+        try:
+            kids = psutil.Process(p.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        if kids:
+            locust_pid = kids[0].pid
+            break
+        time.sleep(0.05)
+    # CPU is sampled in the middle of the run: locust needs ~2 s to import and
+    # connect (users start at once: spawn rate = users); the last second is wind-down
+    time.sleep(2.5)
+    m = CpuMeter({**{n: p_.pid for n, p_ in meter.procs.items()},
+                  **({"locust": locust_pid} if locust_pid else {})})
+    m.start()
+    time.sleep(max(1.0, seconds - 2.5))
+    cpu = m.stop()
+    try:
+        _, err = p.communicate(timeout=seconds + 90)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    try:
+        s = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {"users": users, "error": (err or b"").decode(errors="replace")[-1500:], "cpu": cpu}
+    tot = s["total"]
+    calls = [e for e in s["locust"].values() if e["type"] == "call"]
+    c = calls[0] if calls else tot
+    return {"users": users, "requests": tot["requests"], "failures": tot["failures"], "rps": tot["rps"],
+            "median_ms": c["median_ms"], "p99_ms": c["p99_ms"], "avg_ms": c["avg_ms"],
+            "client_avg_ms": (s.get("client", {}).get(f"call {c['name']}", {}) or {}).get("avg_ms"),
+            "errors": s.get("errors", [])[:3], "cpu": cpu}
+
+
+def profile(pid: int, seconds: float, out_raw: Path, rate: int = 250) -> dict | None:
+    """py-spy record (raw collapsed stacks) of ``pid``; returns the top
+    functions by own time and by inclusive time (share of samples)."""
+    if not shutil.which("py-spy"):
+        return None
+    cmd = ["py-spy", "record", "--pid", str(pid), "-d", f"{max(1, int(seconds))}", "-r", str(rate),
+           "--format", "raw", "-o", str(out_raw), "--nonblocking"]
+    try:
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 30)
+    except subprocess.TimeoutExpired:
+        return None
+    if not out_raw.exists():
+        return None
+    return summarise_collapsed(out_raw.read_text())
+
+
+def summarise_collapsed(text: str, top: int = 15) -> dict:
+    own: collections.Counter = collections.Counter()
+    incl: collections.Counter = collections.Counter()
+    total = 0
+    idle = 0
+    for line in text.splitlines():
+        stack, _, n = line.rpartition(" ")
+        try:
+            n = int(n)
+        except ValueError:
+            continue
+        frames = stack.split(";")
+        total += n
+        leaf = frames[-1]
+        if "select (selectors.py" in leaf or "poll (selectors.py" in leaf or "_run_once" in leaf and "select" in leaf:
+            idle += n
+        own[_short(leaf)] += n
+        for f in set(_short(f) for f in frames):
+            incl[f] += n
+    share = (lambda c: [(f, round(100.0 * k / total, 1)) for f, k in c.most_common(top)]) if total else (lambda c: [])
+    return {"samples": total, "idle_pct": round(100.0 * idle / total, 1) if total else None,
+            "own": share(own), "inclusive": share(incl)}
+
+
+def _short(frame: str) -> str:
+    # "func (path/to/file.py:123)" -> "func (file.py:123)"
+    name, _, loc = frame.partition(" (")
+    return f"{name} ({os.path.basename(loc.rstrip(')'))})" if loc else name
+
+
+def tmpdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

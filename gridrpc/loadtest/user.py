@@ -243,6 +243,7 @@ def _on_test_start(environment, **_kw) -> None:
     limit = _env_limit()
     BUDGET.reset(limit)
     OWN.reset()
+    _WORKERS_SEEN.clear()
     if isinstance(environment.runner, MasterRunner) and limit:
         gevent.spawn(_master_watch, environment, limit)
 
@@ -262,8 +263,12 @@ def _on_report(client_id, data, **_kw) -> None:
     data["gridrpc_own"] = OWN.delta()
 
 
+_WORKERS_SEEN: set[str] = set()
+
+
 @events.worker_report.add_listener
 def _on_worker_report(client_id, data, **_kw) -> None:
+    _WORKERS_SEEN.add(client_id)
     OWN.merge(data.get("gridrpc_own") or {})
 
 
@@ -295,7 +300,7 @@ def summary(environment) -> dict:
     errors = [{"type": e.method, "name": e.name, "error": str(e.error), "occurrences": e.occurrences}
               for e in stats.errors.values()]
     return {"locust": entries, "total": total, "errors": errors, "client": OWN.summary(),
-            "workers": len(getattr(environment.runner, "clients", {}) or {}),
+            "workers": len(_WORKERS_SEEN),     # workers that reported (they are gone at the end)
             "user_count": getattr(environment.runner, "user_count", None)}
 
 

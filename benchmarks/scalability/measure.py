@@ -208,5 +208,28 @@ def _short(frame: str) -> str:
     return f"{name} ({os.path.basename(loc.rstrip(')'))})" if loc else name
 
 
+def element_kind(name: str) -> str:
+    if name == "MA":
+        return "MA"
+    if name.startswith("LA"):
+        return "LAs"
+    if name == "locust":
+        return "locust"
+    return "SeDs"
+
+
+def discovery_cost(r: dict) -> dict[str, float] | None:
+    """CPU milliseconds one discovery costs each kind of element (MA, LAs,
+    SeDs): CPU during the sequential discoveries minus idle CPU (heartbeats),
+    times the mean wall time of one discovery."""
+    d, busy, idle = r.get("discovery") or {}, r.get("discovery_cpu"), r.get("idle_cpu") or {}
+    if not busy or not d.get("mean_ms"):
+        return None
+    out = {"MA": 0.0, "LAs": 0.0, "SeDs": 0.0}
+    for name, v in busy.items():
+        out[element_kind(name)] += max(0.0, v - idle.get(name, 0.0)) / 100.0 * d["mean_ms"]
+    return out
+
+
 def tmpdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))

@@ -8,6 +8,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .measure import discovery_cost  # noqa: E402
+
 FAMILIES = [("flat", "flat (all SeDs under the MA)"), ("L2-2", "2 levels, 2 LAs"),
             ("L2-4", "2 levels, 4 LAs"), ("L2-sqrt", "2 levels, d = sqrt(N) LAs"),
             ("L3-2", "3 levels, d = 2"), ("L3-cbrt", "3 levels, d = cbrt(N) (complete d-ary)")]
@@ -35,7 +37,7 @@ def plot_all(data: dict, outdir: Path) -> list[Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     runs = [r for r in data["runs"] if "error" not in r]
     paths = [_discovery(runs, outdir / "discovery.png"), _throughput(runs, outdir / "throughput.png"),
-             _cpu(runs, outdir / "cpu.png")]
+             _cpu(runs, outdir / "cpu.png"), _cost(runs, outdir / "discovery-cost.png")]
     largest = max((r["n"] for r in runs), default=None)
     if largest is not None:
         paths.append(_curves([r for r in runs if r["n"] == largest], outdir / f"load-{largest}.png", largest))
@@ -96,7 +98,31 @@ def _cpu(runs, path: Path) -> Path:
     ax.set_xticks(range(len(rs)))
     ax.set_xticklabels([f"{r['n']}\n{r['shape']}" for r in rs], fontsize=7)
     ax.set_ylabel("CPU % of one core")
-    ax.set_title("CPU at the saturation point, by element kind (MA, LAs, SeD processes + workers, locust)")
+    ax.set_title("CPU at the saturation point, by element kind")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+KINDS = (("MA", "tab:red"), ("LAs", "tab:orange"), ("SeDs", "tab:blue"))
+
+
+def _cost(runs, path: Path) -> Path:
+    rs = [r for r in sorted(runs, key=lambda r: (r["n"], r["levels"], r["d"])) if discovery_cost(r)]
+    fig, ax = plt.subplots(figsize=(max(7, 0.45 * len(rs)), 4.5))
+    bottom = [0.0] * len(rs)
+    for kind, color in KINDS:
+        vals = [discovery_cost(r)[kind] for r in rs]
+        ax.bar(range(len(rs)), vals, bottom=bottom, color=color, label=kind)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(range(len(rs)), [r["discovery"]["mean_ms"] for r in rs], "k_", ms=14, mew=2,
+            label="wall time of one discovery")
+    ax.set_xticks(range(len(rs)))
+    ax.set_xticklabels([f"{r['n']}\n{r['shape']}" for r in rs], fontsize=7)
+    ax.set_ylabel("ms")
+    ax.set_title("CPU time one discovery costs, by element kind (sequential discoveries)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

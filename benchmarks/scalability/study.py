@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from .measure import CpuMeter, discovery_latency, load_step, profile, tmpdir
+from .measure import CpuMeter, discovery_cost, discovery_latency, element_kind, load_step, profile, tmpdir
 from .tree import Shape, TreeProcs, default_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,20 +147,10 @@ def saturation(steps: list[dict]) -> dict:
     cpu = top["cpu"]
     kinds = {"MA": 0.0, "LAs": 0.0, "SeDs": 0.0, "locust": 0.0}
     for name, v in cpu.items():
-        kinds[_kind(name)] += v
+        kinds[element_kind(name)] += v
     name, busiest = max(cpu.items(), key=lambda kv: kv[1])
     return {"max_rps": top["rps"], "users": top["users"], "median_ms": top["median_ms"], "p99_ms": top["p99_ms"],
             "cpu_by_kind": kinds, "busiest": name, "busiest_cpu": busiest, "total_cpu": sum(cpu.values())}
-
-
-def _kind(name: str) -> str:
-    if name == "MA":
-        return "MA"
-    if name.startswith("LA"):
-        return "LAs"
-    if name == "locust":
-        return "locust"
-    return "SeDs"
 
 
 def best_shapes(runs: list[dict]) -> dict[int, dict]:
@@ -179,14 +169,16 @@ def best_shapes(runs: list[dict]) -> dict[int, dict]:
 
 
 def table(runs: list[dict]) -> str:
-    lines = [f"{'SeDs':>5s} {'shape':7s} {'procs':>5s} {'disc med':>9s} {'disc p99':>9s} {'calls/s':>8s} "
+    lines = [f"{'SeDs':>5s} {'shape':7s} {'procs':>5s} {'disc med':>9s} {'disc p99':>9s} {'disc cpu':>9s} {'calls/s':>8s} "
              f"{'@users':>6s} {'call p99':>9s} {'MA%':>5s} {'LAs%':>5s} {'SeDs%':>6s} {'locust%':>7s} {'busiest':>18s}"]
     for r in sorted(runs, key=lambda r: (r["n"], r["levels"], r["d"])):
         d = r.get("discovery", {})
         s = r.get("saturation", {})
         k = s.get("cpu_by_kind", {})
+        cost = discovery_cost(r)
         lines.append(f"{r['n']:5d} {r['shape']:7s} {r.get('procs', 0):5d} {_n(d.get('median_ms')):>9s} "
-                     f"{_n(d.get('p99_ms')):>9s} {_n(s.get('max_rps'), 1):>8s} {s.get('users', '-')!s:>6s} "
+                     f"{_n(d.get('p99_ms')):>9s} {_n(sum(cost.values()) if cost else None):>9s} "
+                     f"{_n(s.get('max_rps'), 1):>8s} {s.get('users', '-')!s:>6s} "
                      f"{_n(s.get('p99_ms'), 0):>9s} {_n(k.get('MA'), 0):>5s} {_n(k.get('LAs'), 0):>5s} "
                      f"{_n(k.get('SeDs'), 0):>6s} {_n(k.get('locust'), 0):>7s} "
                      f"{(s.get('busiest', '-') + ' ' + _n(s.get('busiest_cpu'), 0) + '%'):>18s}")

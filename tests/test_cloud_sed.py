@@ -40,7 +40,7 @@ from tests.proc_tree import free_port
 
 pytestmark = [pytest.mark.cloud, pytest.mark.real, pytest.mark.timeout(90)]
 
-HB = {"hb_interval": 0.5, "hb_timeout": 3.0}
+HB = {"hb_interval": 0.5, "hb_timeout": 4.0}
 SERVICES = [f"gridrpc.examples.services:{s}" for s in ("add", "sleep", "echo", "wc")]
 
 
@@ -132,8 +132,13 @@ class CloudWorld:
                 self.lt.run(s.aclose(), timeout=60)
             self.lt.run(self.ma.aclose())
             # every VM terminated, and so every VM process gone
-            self.hv.wait_for(lambda: not self.hv.started, timeout=15)
+            try:
+                self.hv.wait_for(lambda: not self.hv.started, timeout=15)
+            except TimeoutError:
+                pass                    # reported just below, with the instances
             leaked = self.live_instances()
+            for vm in leaked:           # clean up for the next test, then fail this one
+                self.provider.destroy(vm.id)
             assert leaked == [], f"leaked instances: {leaked}"
         finally:
             self.hv.stop()
@@ -313,7 +318,7 @@ def test_least_cost_with_a_cap_chooses_between_local_and_cloud(world):
         assert world.stats(cheap)["dispatched"] == 1
         # nothing is cheap enough: no server, and no VM started for nothing
         with pytest.raises(gridrpc.NoServerAvailable):
-            c.call("add", 1, 1, aggregator={"name": "least_cost", "params": {"max_cost": 0.001}})
+            c.call("add", 1, 1, aggregator={"name": "least_cost", "params": {"max_cost": 0.0005}})
     world.hv.wait_event("stop", 1, timeout=15)
     assert len(world.hv.ids("seen")) == 1
 
@@ -322,8 +327,7 @@ def test_least_cost_with_a_cap_chooses_between_local_and_cloud(world):
 
 def test_restarted_pool_adopts_its_vms_and_terminates_broken_ones(world):
     listen = f"tcp://127.0.0.1:{free_port()}"
-    cmd = vm_command(vm_name="pool-1-old-1", parent=listen, services=SERVICES, hb_interval=0.5,
-                     hb_timeout=3.0, orphan_timeout=20)
+    cmd = vm_command(vm_name="pool-1-old-1", parent=listen, services=SERVICES, orphan_timeout=20, **HB)
     spec = dict(image=world.moto.ami_id, instance_type="t3.micro")
     # a previous pool-1 left two VMs: one whose SeD comes up, one that never will
     old1 = world.provider.create(VMSpec(**spec, name="pool-1-old-1",
@@ -333,7 +337,9 @@ def test_restarted_pool_adopts_its_vms_and_terminates_broken_ones(world):
     old2 = world.provider.create(VMSpec(**spec, name="pool-1-old-2",
                                         tags={OWNER_TAG: "pool-1", VM_TAG: "pool-1-old-2"}))
     other = world.provider.create(VMSpec(**spec, name="not-ours", tags={OWNER_TAG: "someone-else"}))
-    world.hv.wait_event("start", 1, timeout=15)             # old-1's SeD waits for its parent
+    world.hv.wait_for(lambda: old1.id in world.hv.started, timeout=15)
+    log = world.tmp / f"{old1.id}.log"                      # old-1's SeD is up, waiting for its parent
+    wait_for(lambda: b"READY" in log.read_bytes(), 30, "the old VM's SeD serving")
     cloud = world.cloud_sed("pool-1", policy="pool", min_vms=1, max_vms=2, vm_listen=listen,
                             boot_timeout=4.0, orphans="adopt")
     world.wait_registered("pool-1")
@@ -373,7 +379,7 @@ services: [gridrpc.examples.services:add]
     log = open(tmp_path / "cloud-cli.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gridrpc", "sed", "--name", "cloud-cli", "--parent", world.ma.address,
-         "--port", "0", "--hb-interval", "0.5", "--hb-timeout", "3", "--ready-file", str(ready),
+         "--port", "0", "--hb-interval", "0.5", "--hb-timeout", "4", "--ready-file", str(ready),
          "--cloud-config", str(cfg), "--cloud", "price_per_hour=0.5",
          "--service", "gridrpc.examples.services:sleep"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -10,12 +10,15 @@ flags add to ``services``.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import yaml
 
 from ...errors import ConfigError
 from .config import parse_cloud_config
+
+log = logging.getLogger(__name__)
 
 
 def add_cloud_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,5 +75,12 @@ def make_cloud_sed(a: argparse.Namespace, address: str, hb: dict):
     if not config.services:
         raise ConfigError(f"cloud SeD {a.name}: give the services of the image "
                           "(--service MODULE:FUNC or 'services:' in the cloud configuration)")
+    ignored = [flag for flag, value, default in (
+        ("--replicas", a.replicas, 1), ("--workers", a.workers, None), ("--queue", a.queue, "fcfs"),
+        ("--max-concurrent", a.max_concurrent, 1), ("--isolation", a.isolation, "process"))
+        if value != default]
+    if ignored:
+        log.warning("cloud SeD %s: %s ignored (calls run on the VMs: see max_vms and "
+                    "vm_max_concurrent)", a.name, ", ".join(ignored))
     return CloudSeD(a.name, a.parent, config=config, address=address,
                     orphan_timeout=a.orphan_timeout, max_message_size=a.max_message_size, **hb)

@@ -96,8 +96,9 @@ class CloudConfig:
 
     @property
     def capacity(self) -> int:
-        """Calls the cloud SeD runs at once: ``max_vms * vm_max_concurrent``."""
-        return self.max_vms * self.vm_max_concurrent
+        """Calls the cloud SeD runs at once: ``max_vms * vm_max_concurrent``
+        (per-call: ``max_vms``, one call per VM)."""
+        return self.max_vms * (self.vm_max_concurrent if self.policy == "pool" else 1)
 
 
 CLOUD_KEYS = frozenset(f.name for f in fields(CloudConfig))

@@ -443,6 +443,10 @@ class CloudSeD(SeD):
             self._waiters.pop(cid, None)
             self._raw.pop(cid, None)
 
+    def _finish_call(self, call: _Call, header: dict, buffers: list = ()) -> None:
+        self._raw.pop(call.id, None)    # also for calls cancelled while queued (never executed)
+        super()._finish_call(call, header, buffers)
+
     def _finish_on_vm(self, call: _Call, vm_name: str, mt: MsgType, vh: dict, frames: list) -> None:
         r = call.replica
         vm_timing = vh.get("timing") if isinstance(vh.get("timing"), dict) else {}

@@ -251,10 +251,10 @@ def test_pool_grows_under_load_and_shrinks_when_idle(world):
     with world.client() as c:
         [s] = c.discover("sleep")
         assert s.estimation["est_wait"] == 0 and s.estimation["num_vms_running"] == 1
-        calls = [c.submit("sleep", 3.0) for _ in range(3)]
+        calls = [c.submit("sleep", 2.0) for _ in range(3)]
         # each call would wait ~8 s for the busy VM: the pool grows to max_vms
         st = world.wait_stats(cloud, lambda s: s["created"] == 3, what="pool grown to 3 VMs")
-        assert [x.result(60) for x in calls] == [3.0] * 3
+        assert [x.result(60) for x in calls] == [2.0] * 3
     assert world.max_concurrent_vms() == 3
     assert world.stats(cloud)["dispatched"] == 3
     # idle for idle_timeout: back to min_vms
@@ -341,7 +341,7 @@ def test_restarted_pool_adopts_its_vms_and_terminates_broken_ones(world):
     log = world.tmp / f"{old1.id}.log"                      # old-1's SeD is up, waiting for its parent
     wait_for(lambda: b"READY" in log.read_bytes(), 30, "the old VM's SeD serving")
     cloud = world.cloud_sed("pool-1", policy="pool", min_vms=1, max_vms=2, vm_listen=listen,
-                            boot_timeout=4.0, orphans="adopt")
+                            boot_timeout=3.0, orphans="adopt")
     world.wait_registered("pool-1")
     st = world.wait_stats(cloud, lambda s: s["num_vms_running"] == 1 and s["boot_timeouts"] == 1,
                           what="old-1 adopted and old-2 timed out")

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024)
     from .sed.cloud.cli import add_cloud_arguments
     add_cloud_arguments(p)
+    from .sed.batch.cli import add_batch_arguments
+    add_batch_arguments(p)
 
     p = sub.add_parser("call", help="call a service and print the result")
     p.add_argument("service")
@@ -135,6 +137,9 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                 raise SystemExit("gridrpc la: --parent is required")
             from .local_agent import LocalAgent
             d = LocalAgent(name=a.name, parent=a.parent, address=address, orphan_timeout=a.orphan_timeout, **hb)
+        elif getattr(a, "batch", None):
+            from .sed.batch.cli import make_batch_sed
+            d = make_batch_sed(a, address, hb)
         elif getattr(a, "cloud_config", None) or getattr(a, "cloud", None):
             from .sed.cloud.cli import make_cloud_sed
             d = make_cloud_sed(a, address, hb)

@@ -46,6 +46,7 @@ class _Attempt:
     result: asyncio.Future
     last_pong: float = 0.0
     sent: float = field(default_factory=time.monotonic)
+    patience: float = 0.0       # silence the SeD asked us to tolerate (ACCEPTED 'patience', batch SeDs)
 
 
 class AsyncClient:
@@ -330,6 +331,9 @@ class AsyncClient:
             return
         a.last_pong = time.monotonic()
         if mt is MsgType.ACCEPTED:
+            patience = h.get("patience")
+            if isinstance(patience, (int, float)) and not isinstance(patience, bool) and patience > 0:
+                a.patience = min(float(patience), 3600.0)   # e.g. a batch SeD restarting
             if not a.accepted.done():
                 a.accepted.set_result(h.get("sed"))
         elif mt is MsgType.RESULT:
@@ -379,7 +383,7 @@ class AsyncClient:
             for a in list(self._attempts.values()):
                 if a.result.done() or not a.accepted.done():
                     continue
-                if now - a.last_pong > self.ping_timeout:
+                if now - a.last_pong > max(self.ping_timeout, a.patience):
                     _fail(a, CommunicationError(f"server {a.server} ({a.address}) stopped answering "
                                                 f"for {now - a.last_pong:.1f}s"))
                 elif now - a.last_pong >= self.ping_interval * 0.9:

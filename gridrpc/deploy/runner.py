@@ -213,6 +213,9 @@ class Deployment:
             if o.get("kind") == "cloud":
                 from ..sed.cloud.config import cloud_cli_args
                 cmd += cloud_cli_args(o)
+            if o.get("kind") == "batch":      # gridrpc sed --batch ... (docs/batch.md)
+                from ..sed.batch.config import batch_settings, config_to_cli, parse_batch_config
+                cmd += config_to_cli(parse_batch_config(batch_settings(o), what=f"SeD {e.name}"))
             cmd += [str(a) for a in o.get("args") or []]
         return cmd
 

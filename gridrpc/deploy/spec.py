@@ -230,6 +230,11 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
             bad -= CLOUD_KEYS
             parse_cloud_config({k: v for k, v in sed.items() if k in CLOUD_KEYS or k not in _SED_KEYS},
                                what=f"SeD {sed['name']}")
+        if sed.get("kind") == "batch":        # batch SeD settings (docs/batch.md), checked here
+            from ..sed.batch.config import BATCH_KEYS, batch_settings, parse_batch_config
+            bad -= BATCH_KEYS
+            if not bad:
+                parse_batch_config(batch_settings(sed), what=f"SeD {sed['name']}")
         if bad:
             raise ConfigError(f"SeD {sed['name']}: unknown keys {', '.join(sorted(bad))}")
         sed_ot = _timeout(sed, f"SeD {sed['name']}")

@@ -211,3 +211,11 @@ class BatchBackend(Protocol):
     def queue_length(self, partition: str | None = None) -> int:
         """Number of jobs waiting (pending) in *partition* (all if None)."""
         ...
+
+    def render_script(self, spec: JobSpec, command: Sequence[str]) -> str:
+        """A job script for this scheduler running *command* (an argument
+        list) with *spec*'s resources as directives and the meta variables
+        ``GRIDRPC_JOB_ID``, ``GRIDRPC_NODELIST``, ``GRIDRPC_NODEFILE``,
+        ``GRIDRPC_NB_NODES``, ``GRIDRPC_NB_TASKS``, ``GRIDRPC_CPUS_PER_TASK``
+        exported; it exits with the command's status."""
+        ...

@@ -1,0 +1,279 @@
+"""Configuration of a batch SeD: one frozen dataclass, parsed once.
+
+The same keys come from the command line (``gridrpc sed --batch slurm ...``,
+see :mod:`.cli`) and from a deployment file's ``kind: batch`` entry
+(``scheduler: slurm, partition: debug, ...``); :func:`parse_batch_config`
+checks them and raises :class:`~gridrpc.errors.ConfigError` with a clear
+message. Per-call resource requests (the ``_batch`` keyword argument) are
+checked by :func:`parse_call_request`.
+
+Durations are seconds; :func:`parse_duration` also accepts Slurm's
+``[D-]HH:MM[:SS]`` (a string with ``:`` or ``-``).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ...errors import ConfigError, InvalidArgument
+
+__all__ = ["BatchConfig", "parse_batch_config", "parse_duration", "parse_call_request",
+           "CALL_OPTION", "CALL_KEYS", "BATCH_KEYS", "batch_settings", "config_to_cli"]
+
+#: the reserved keyword argument carrying per-call resource requests
+CALL_OPTION = "_batch"
+#: what a call may ask for in ``_batch={...}``
+CALL_KEYS = ("nodes", "ntasks", "cpus_per_task", "walltime")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchConfig:
+    """Settings of one batch SeD (see ``docs/batch.md`` for each key)."""
+    scheduler: str = "slurm"
+    partition: str | None = None           # None: the cluster's default partition
+    account: str | None = None
+    time_limit: float | None = None        # default walltime of a call's job (s); None: partition default
+    max_time_limit: float | None = None    # largest walltime a call may ask for (s); None: no cap
+    nodes: int | None = None               # default shape of a call's job
+    ntasks: int | None = None
+    cpus_per_task: int | None = None
+    sbatch_options: tuple[str, ...] = ()   # extra scheduler options, verbatim
+    shared_dir: str = "~/.gridrpc/batch"   # visible from the SeD host and the compute nodes
+    remote_python: str = sys.executable    # the Python (with gridrpc) on the compute nodes
+    poll_interval: float = 2.0             # one `squeue` for all jobs per interval (s)
+    estimate_interval: float = 5.0         # refresh of sinfo / queue / sbatch --test-only (s)
+    max_jobs: int = 1000                   # jobs of this SeD in the scheduler at once; more wait here
+    env: Mapping[str, str] = field(default_factory=dict)      # scheduler commands (and their jobs)
+    job_env: Mapping[str, str] = field(default_factory=dict)  # exported to the jobs only
+    bin_dir: str | None = None             # where sbatch & co live (default: PATH)
+    command_timeout: float = 30.0          # per scheduler command (s)
+    cancel_timeout: float = 30.0           # how long a cancel waits for the job to be gone (s)
+    cancel_on_exit: bool = False           # cancel the jobs when the SeD stops (default: keep them)
+    restart_grace: float = 120.0           # clients wait this long for a restarting SeD (s)
+    result_retention: float = 7 * 86400.0  # undelivered results kept on disk this long (s)
+    lost_after: float = 60.0               # a job the scheduler forgot, without result, fails after (s)
+
+    @property
+    def state_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.shared_dir))
+
+    def backend_options(self) -> dict:
+        return {"env": dict(self.env), "bin_dir": self.bin_dir,
+                "command_timeout": self.command_timeout}
+
+
+_POSITIVE_INT = ("nodes", "ntasks", "cpus_per_task", "max_jobs")
+_DURATIONS = ("time_limit", "max_time_limit")
+_POSITIVE_FLOAT = ("poll_interval", "estimate_interval", "command_timeout", "cancel_timeout",
+                   "restart_grace", "result_retention", "lost_after")
+_ALIASES = {"time": "time_limit", "walltime": "time_limit", "batch_env": "env",
+            "extra_options": "sbatch_options", "python": "remote_python"}
+
+
+def parse_duration(value: Any, what: str = "duration") -> float | None:
+    """Seconds from a number, a numeric string, or Slurm's ``[D-]H:M[:S]`` /
+    ``M:S`` text (a string holding ``:`` or ``-``); ``None``/``"unlimited"`` -> None.
+    A bare number is *seconds* (not Slurm's minutes)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected seconds or [D-]HH:MM:SS, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        if text.lower() in ("", "none", "unlimited", "infinite"):
+            return None
+        if ":" in text or "-" in text:
+            from .slurm import parse_time_limit
+            try:
+                seconds = parse_time_limit(text)
+            except ValueError:
+                raise ConfigError(f"{what}: cannot read {text!r} as [D-]HH:MM:SS") from None
+            if seconds is None:
+                return None
+        else:
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ConfigError(f"{what}: expected seconds or [D-]HH:MM:SS, got {text!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{what} must be > 0 seconds, got {value!r}")
+    return seconds
+
+
+def _str_map(value: Any, key: str, what: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        out = {}
+        for item in value:
+            k, sep, v = str(item).partition("=")
+            if not sep or not k.strip():
+                raise ConfigError(f"{what}: {key} entries must be KEY=VALUE, got {item!r}")
+            out[k.strip()] = v
+        return out
+    raise ConfigError(f"{what}: {key} must be a mapping of names to values")
+
+
+def parse_batch_config(data: Mapping[str, Any], *, what: str = "batch SeD",
+                       ignore: tuple[str, ...] = ()) -> BatchConfig:
+    """Check *data* (YAML/CLI keys) and build a :class:`BatchConfig`. Keys in
+    *ignore* (e.g. a deployment entry's ``name``/``services``) are skipped;
+    unknown keys are an error."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{what}: the batch settings must be a mapping")
+    known = {f.name for f in fields(BatchConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ignore:
+            continue
+        name = _ALIASES.get(key, key)
+        if name not in known:
+            raise ConfigError(f"{what}: unknown batch setting {key!r}; known: {', '.join(sorted(known))}")
+        if value is None and name not in _DURATIONS + ("partition", "account", "bin_dir"):
+            continue
+        out[name] = value
+    for k in _POSITIVE_INT:
+        if k in out and out[k] is not None:
+            v = out[k]
+            if isinstance(v, bool) or not isinstance(v, int):
+                try:
+                    v = int(str(v))
+                except ValueError:
+                    raise ConfigError(f"{what}: {k} must be a positive integer, got {out[k]!r}") from None
+            if v < 1:
+                raise ConfigError(f"{what}: {k} must be a positive integer, got {out[k]!r}")
+            out[k] = v
+    for k in _DURATIONS:
+        if k in out:
+            out[k] = parse_duration(out[k], f"{what}: {k}")
+    for k in _POSITIVE_FLOAT:
+        if k in out:
+            v = parse_duration(out[k], f"{what}: {k}")
+            if v is None:
+                raise ConfigError(f"{what}: {k} must be a number of seconds")
+            out[k] = v
+    if "sbatch_options" in out:
+        v = out["sbatch_options"]
+        opts = [v] if isinstance(v, str) else list(v)
+        for o in opts:
+            if not isinstance(o, str) or "\n" in o or not o.strip():
+                raise ConfigError(f"{what}: sbatch_options must be option strings, got {o!r}")
+        out["sbatch_options"] = tuple(o.strip() for o in opts)
+    for k in ("env", "job_env"):
+        if k in out:
+            out[k] = _str_map(out[k], k, what)
+    for k in ("scheduler", "shared_dir", "remote_python"):
+        if k in out and (not isinstance(out[k], str) or not out[k].strip()):
+            raise ConfigError(f"{what}: {k} must be a non-empty string")
+    for k in ("partition", "account", "bin_dir"):
+        if out.get(k) is not None:
+            out[k] = str(out[k])
+    if "cancel_on_exit" in out and not isinstance(out["cancel_on_exit"], bool):
+        raise ConfigError(f"{what}: cancel_on_exit must be true or false")
+    c = BatchConfig(**out)
+    from . import BACKENDS
+    if c.scheduler not in BACKENDS:
+        raise ConfigError(f"{what}: unknown scheduler {c.scheduler!r}; known: {', '.join(sorted(BACKENDS))}")
+    if c.time_limit is not None and c.max_time_limit is not None and c.time_limit > c.max_time_limit:
+        raise ConfigError(f"{what}: time_limit ({c.time_limit:g}s) exceeds max_time_limit "
+                          f"({c.max_time_limit:g}s)")
+    if any(ch.isspace() for ch in c.state_root):
+        raise ConfigError(f"{what}: shared_dir {c.state_root!r} must not contain white space "
+                          "(it goes into #SBATCH lines)")
+    return c
+
+
+def parse_call_request(value: Any, config: BatchConfig) -> dict:
+    """Check a call's ``_batch={...}`` request; InvalidArgument if wrong.
+
+    Keys: ``nodes``, ``ntasks``, ``cpus_per_task`` (positive ints) and
+    ``walltime`` (seconds, or ``[D-]HH:MM:SS``), capped by the SeD's
+    ``max_time_limit``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{CALL_OPTION} must be a dict with keys among {', '.join(CALL_KEYS)}, "
+                              f"got {type(value).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        key = {"time_limit": "walltime", "time": "walltime", "cpus": "cpus_per_task"}.get(k, k)
+        if key not in CALL_KEYS:
+            raise InvalidArgument(f"{CALL_OPTION}: unknown key {k!r}; known: {', '.join(CALL_KEYS)}")
+        if key == "walltime":
+            try:
+                w = parse_duration(v, f"{CALL_OPTION}['walltime']")
+            except ConfigError as exc:
+                raise InvalidArgument(str(exc)) from None
+            if w is not None and config.max_time_limit is not None and w > config.max_time_limit:
+                raise InvalidArgument(f"{CALL_OPTION}: walltime {w:g}s exceeds this SeD's limit of "
+                                      f"{config.max_time_limit:g}s")
+            out[key] = w
+        else:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidArgument(f"{CALL_OPTION}: {key} must be a positive integer, got {v!r}")
+            out[key] = v
+    return out
+
+
+#: keys a deployment file's ``kind: batch`` SeD entry may hold besides the usual SeD keys
+BATCH_KEYS = frozenset({f.name for f in fields(BatchConfig)} | set(_ALIASES))
+
+
+def batch_settings(entry: Mapping[str, Any]) -> dict:
+    """The batch keys of a deployment file's SeD entry (``kind: batch``).
+    ``options:`` may hold more of them as a mapping, or a list of raw
+    scheduler options (= ``sbatch_options``)."""
+    data = {k: v for k, v in entry.items() if k in BATCH_KEYS}
+    extra = entry.get("options")
+    if isinstance(extra, Mapping):
+        data.update(extra)
+    elif isinstance(extra, (list, tuple, str)):
+        opts = [extra] if isinstance(extra, str) else list(extra)
+        data["sbatch_options"] = list(data.get("sbatch_options") or []) + opts
+    elif extra is not None:
+        raise ConfigError("options: must be a mapping of batch settings or a list of scheduler options")
+    return data
+
+
+def config_to_cli(c: BatchConfig) -> list[str]:
+    """``gridrpc sed`` arguments reproducing *c* (for deployments)."""
+    default = BatchConfig()
+    args = ["--batch", c.scheduler]
+    for name, flag in _CLI_FLAGS.items():
+        v = getattr(c, name)
+        if name == "scheduler" or v == getattr(default, name):
+            continue
+        if name == "sbatch_options":
+            args += [f"--sbatch-option={o}" for o in v]
+        elif name in ("env", "job_env"):
+            for k, val in v.items():
+                args += [flag, f"{k}={val}"]
+        elif name == "cancel_on_exit":
+            if v:
+                args.append(flag)
+        elif isinstance(v, float):
+            args += [flag, f"{v:g}"]
+        else:
+            args += [flag, str(v)]
+    return args
+
+
+_CLI_FLAGS = {
+    "scheduler": "--batch", "partition": "--partition", "account": "--account",
+    "time_limit": "--time-limit", "max_time_limit": "--max-time-limit", "nodes": "--nodes",
+    "ntasks": "--ntasks", "cpus_per_task": "--cpus-per-task", "sbatch_options": "--sbatch-option",
+    "shared_dir": "--shared-dir", "remote_python": "--remote-python", "poll_interval": "--poll-interval",
+    "estimate_interval": "--estimate-interval", "max_jobs": "--max-jobs", "env": "--batch-env",
+    "job_env": "--job-env", "bin_dir": "--batch-bin-dir", "command_timeout": "--command-timeout",
+    "cancel_timeout": "--cancel-timeout", "cancel_on_exit": "--cancel-on-exit",
+    "restart_grace": "--restart-grace", "result_retention": "--result-retention",
+    "lost_after": "--lost-after",
+}

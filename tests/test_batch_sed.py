@@ -1,0 +1,324 @@
+"""The batch SeD against real private Slurm clusters (tests/slurm_cluster.py).
+
+Each test starts its own BatchSeD (in-process, on a loop thread) with a fresh
+shared directory; the clients are real gridrpc clients over ZeroMQ. Every
+wait has a deadline. ``bcluster`` advertises 8 CPUs on this machine's cores
+(``SlurmdParameters=config_overrides``) so that 50 short jobs run in a few
+waves; the second cluster (``slurm_cluster2``) has 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gridrpc
+from gridrpc.master_agent import MasterAgent
+from gridrpc.sed.batch.config import parse_batch_config
+from gridrpc.sed.batch.sed import BatchSeD
+from gridrpc.testing import LoopThread
+from tests.conftest_slurm import require_slurm, slurm_cluster2  # noqa: F401
+from tests.slurm_cluster import PrivateSlurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.real]
+
+SERVICES = {s: f"gridrpc.examples.services:{s}" for s in ("add", "sleep", "echo", "fail")}
+SERVICES["job_info"] = "gridrpc.sed.batch.services:job_info"
+
+
+@pytest.fixture(scope="module")
+def bcluster(tmp_path_factory):
+    """A private Slurm advertising 8 CPUs (more than the machine has)."""
+    require_slurm()
+    with PrivateSlurm(tmp_path_factory.mktemp("slurm-b1-"), name="b1", cpus=8,
+                      extra_conf="SlurmdParameters=config_overrides") as cluster:
+        yield cluster
+    assert not _run_job_processes(), "run_job processes left behind"
+
+
+@pytest.fixture
+def cluster(bcluster):
+    yield bcluster
+    bcluster.cancel_all(timeout=30)
+
+
+def _run_job_processes() -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"gridrpc.sed.batch.run_job" in cmd:
+                out.append(int(pid))
+    return out
+
+
+@contextlib.contextmanager
+def running_sed(cluster, shared, name="bsed", parent=None, address="tcp://127.0.0.1:0", lt=None, **cfg):
+    own = lt is None
+    lt = lt or LoopThread()
+    config = parse_batch_config({"shared_dir": str(shared), "env": cluster.env, "poll_interval": 0.25,
+                                 "estimate_interval": 1.0, "time_limit": 600, **cfg})
+    sed = BatchSeD(name, parent, config=config, address=address, hb_interval=0.5, hb_timeout=1.5)
+    for svc, target in SERVICES.items():
+        sed.add_service(svc, target)
+    lt.run(sed.start())
+    sed.test_loop = lt          # to read the SeD's state on its own loop
+    try:
+        yield sed
+    finally:
+        lt.run(sed.aclose(), timeout=60)
+        if own:
+            lt.close()
+
+
+def client(**kw) -> gridrpc.Client:
+    kw.setdefault("ping_interval", 0.3)
+    kw.setdefault("ping_timeout", 3.0)
+    return gridrpc.Client(kw.pop("ma", None), **kw)
+
+
+def addr(sed) -> str:
+    return f"{sed.address}#{sed.name}"
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def squeue_state(cluster, job_id) -> str:
+    r = cluster.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r"], check=False)
+    return r.stdout.strip()
+
+
+def job_of(sed, call_id, state=None, timeout=30.0) -> dict:
+    def get():
+        j = sed.test_loop.call(lambda: sed.jobs().get(call_id))
+        return j if j and j["job_id"] and (state is None or j["state"] == state) else None
+    wait_until(lambda: get() is not None, timeout, f"call {call_id} to have a job {state or ''}")
+    return get()
+
+
+def block_cluster(cluster, cpus: int, minutes: int = 10) -> str:
+    """A job holding every CPU with a long time limit: later jobs pend."""
+    jid = cluster.run(["sbatch", "--parsable", f"--cpus-per-task={cpus}", f"--time={minutes}",
+                       "-o", "/dev/null", "--wrap", "sleep 900"]).stdout.strip()
+    wait_until(lambda: squeue_state(cluster, jid).startswith("RUNNING"), 20, "the blocker to run")
+    return jid
+
+
+# ----------------------------------------------------------------------------------------
+
+def test_calls_run_as_jobs_and_return_values(cluster, tmp_path):
+    with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
+        assert c.call("add", 2, 3, server=addr(sed), timeout=60) == 5
+        a = np.arange(12, dtype=">i4").reshape(3, 4)
+        back = c.call("echo", {"a": a, "t": (1, b"\x00x"), "inf": float("inf")}, server=addr(sed), timeout=60)
+        assert back["a"].dtype == a.dtype and (back["a"] == a).all()
+        assert back["t"] == (1, b"\x00x") and back["inf"] == float("inf")
+        # per-call resources, and the meta variables a parallel service reads
+        call = c.submit("job_info", _batch={"ntasks": 2, "walltime": 120}, server=addr(sed))
+        info = call.result(timeout=60)
+        assert info["GRIDRPC_NB_TASKS"] == "2" and info["GRIDRPC_NB_NODES"] == "1"
+        assert info["nodes"] == ["b1node1"] == info["nodefile"]
+        job_id = info["GRIDRPC_JOB_ID"]
+        assert call.timing["job_id"] == job_id
+        show = cluster.run(["scontrol", "-o", "show", "job", job_id]).stdout
+        assert "TimeLimit=00:02:00" in show and "NumTasks=2" in show, show
+        assert sed.batch_stats["completed"] == 3
+        # the call directories are gone once answered; the history learnt the run times
+        wait_until(lambda: not any((tmp_path / "shared" / "bsed" / "jobs").iterdir()), 10, "cleanup")
+        vec = sed.estimate(sed._replica, sed.services["add"], [], user=c.user)
+        assert vec["tcomp_source"] == "user" and vec["tcomp"] < 30
+        assert vec["server_type"] == "batch" and vec["nb_total_resources"] == 8
+
+
+def test_service_exception_and_bad_requests(cluster, tmp_path):
+    with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
+        with pytest.raises(gridrpc.RemoteError) as exc:
+            c.call("fail", "boom on the node", server=addr(sed), timeout=60)
+        assert exc.value.remote_type == "RuntimeError"
+        assert "boom on the node" in str(exc.value)
+        assert "raise RuntimeError(message)" in exc.value.remote_traceback
+        # refused before any job: unknown resource key, impossible values, wrong arguments
+        with pytest.raises(gridrpc.InvalidArgument):
+            c.call("add", 1, 2, _batch={"gpus": 1}, server=addr(sed), timeout=10)
+        with pytest.raises(gridrpc.InvalidArgument):
+            c.call("add", 1, 2, _batch={"nodes": 0}, server=addr(sed), timeout=10)
+        with pytest.raises(gridrpc.InvalidArgument):
+            c.call("add", 1, server=addr(sed), timeout=10)
+        # a job the scheduler refuses (more CPUs than the cluster has): a clear error
+        with pytest.raises(gridrpc.RemoteError) as exc:
+            c.call("add", 1, 2, _batch={"ntasks": 64}, server=addr(sed), timeout=60)
+        assert exc.value.remote_type == "BatchSubmitError" and "sbatch" in str(exc.value)
+        assert sed.batch_stats["submitted"] == 1
+
+
+def test_cancel_while_pending_and_while_running(cluster, tmp_path):
+    with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
+        # running: the job starts, the service runs, cancel kills it for real
+        running = c.submit("job_info", 300, server=addr(sed))
+        job = job_of(sed, running.id, "running")
+        started = tmp_path / "shared" / "bsed" / "jobs" / running.id / "started.json"
+        wait_until(started.exists, 20, "the service to start")
+        pid = json.loads(started.read_text())["pid"]
+        running.cancel()
+        with pytest.raises(gridrpc.CallCancelled):
+            running.result(timeout=30)
+        wait_until(lambda: squeue_state(cluster, job["job_id"]).startswith("CANCELLED"), 30, "CANCELLED")
+        wait_until(lambda: not _alive(pid), 15, "the service process to be gone")
+        # pending: the cluster is full, the job waits, cancel removes it from the queue
+        blocker = block_cluster(cluster, 8)
+        pending = c.submit("add", 1, 1, server=addr(sed))
+        job = job_of(sed, pending.id)
+        wait_until(lambda: squeue_state(cluster, job["job_id"]).startswith("PENDING"), 10, "PENDING")
+        pending.cancel()
+        with pytest.raises(gridrpc.CallCancelled):
+            pending.result(timeout=30)
+        wait_until(lambda: squeue_state(cluster, job["job_id"]).startswith("CANCELLED"), 30, "CANCELLED")
+        wait_until(lambda: not (tmp_path / "shared" / "bsed" / "jobs" / pending.id).exists(), 10,
+                   "the call directory to be removed")
+        assert sed.batch_stats["cancelled"] == 2
+        assert squeue_state(cluster, blocker).startswith("RUNNING")    # only our jobs were touched
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    return st[0] not in "ZX"
+
+
+def test_restart_with_jobs_in_flight_loses_nothing(cluster, tmp_path):
+    """Stop the SeD while one job runs and one is about to end; restart it 6 s
+    later on the same address (longer than the client's ping_timeout: the
+    SeD's ``patience`` keeps the calls alive). Both results arrive."""
+    shared = tmp_path / "shared"
+    lt = LoopThread()
+    try:
+        with client(ping_timeout=3.0) as c:
+            with running_sed(cluster, shared, lt=lt) as sed:
+                address = sed.address
+                short = c.submit("sleep", 1.0, server=addr(sed))     # ends while the SeD is down
+                long = c.submit("job_info", 9.0, server=addr(sed))   # still running at the restart
+                for call in (short, long):
+                    job_of(sed, call.id, "running")
+            down = time.monotonic()
+            time.sleep(6.0)
+            assert not short.done() and not long.done()
+            with running_sed(cluster, shared, address=address, lt=lt) as sed2:
+                assert sed2.batch_stats["recovered"] == 2
+                assert short.result(timeout=30) == 1.0
+                info = long.result(timeout=30)
+                assert info["GRIDRPC_CALL_ID"] == long.id
+                assert time.monotonic() - down > 6.0
+                wait_until(lambda: not any((shared / "bsed" / "jobs").iterdir()), 10, "cleanup")
+    finally:
+        lt.close()
+
+
+def test_two_clusters_the_busy_one_loses(cluster, slurm_cluster2, tmp_path):  # noqa: F811
+    """One SeD per cluster under one MA: with cluster b1 full (a job holding its
+    8 CPUs for up to 10 min), least_wait_time and least_slowdown rank the idle
+    cluster first and the call runs there."""
+    blocker = block_cluster(cluster, 8)
+    lt = LoopThread()
+    ma = lt.run(MasterAgent(name="MA", address="tcp://127.0.0.1:0", hb_interval=0.5,
+                            hb_timeout=1.5).start())
+    try:
+        with running_sed(cluster, tmp_path / "s1", name="busy", parent=ma.address, lt=lt) as busy, \
+                running_sed(slurm_cluster2, tmp_path / "s2", name="idle", parent=ma.address, lt=lt), \
+                client(ma=ma.address) as c:
+            wait_until(lambda: len(lt.call(lambda: [e for e in ma.tree() if e.get("kind") == "sed"])) == 2,
+                       10, "both SeDs registered")
+            wait_until(lambda: busy._snapshot.est_start and busy._snapshot.est_start > 300, 10,
+                       "the busy cluster's estimate")
+            for agg in ("least_wait_time", "least_slowdown"):
+                ranked = c.discover("add", 2, aggregator=agg)
+                assert [s.name for s in ranked] == ["idle", "busy"], (agg, ranked)
+            est = {s.name: s.estimation for s in ranked}
+            assert est["busy"]["est_wait"] > 300 and est["busy"]["est_wait_source"] == "scheduler"
+            assert est["idle"]["est_wait"] < 5 and est["idle"]["nb_free_resources"] == 2
+            assert est["busy"]["nb_free_resources"] == 0 and est["busy"]["eft"] > est["idle"]["eft"]
+            call = c.submit("add", 20, 22, aggregator="least_wait_time")
+            assert call.result(timeout=60) == 42 and call.server == "idle"
+        assert squeue_state(cluster, blocker).startswith("RUNNING")
+    finally:
+        lt.run(ma.aclose())
+        lt.close()
+
+
+def test_fifty_concurrent_calls(cluster, tmp_path):
+    with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
+        calls_before = sed.batch_stats["polls"]
+        seen_batches = []
+        states = sed.backend.states
+
+        def counting_states(ids):
+            ids = list(ids)
+            seen_batches.append(len(ids))
+            return states(ids)
+        sed.backend.states = counting_states
+        t0 = time.monotonic()
+        calls = [c.submit("add", i, i, server=addr(sed)) for i in range(50)]
+        assert [call.result(timeout=120) for call in calls] == [2 * i for i in range(50)]
+        elapsed = time.monotonic() - t0
+        # one squeue per poll for all the jobs, not one per job
+        assert max(seen_batches) >= 10
+        assert len(seen_batches) <= elapsed / sed.config.poll_interval + 5
+        assert sed.batch_stats["polls"] - calls_before == len(seen_batches)
+        assert sed.batch_stats["completed"] == 50
+
+
+@pytest.mark.slow
+def test_time_limit_kills_the_job(cluster, tmp_path):
+    """A call asking for a 1-minute walltime runs a 5-minute service: Slurm
+    kills it (60-95 s after start: whole minutes, limits enforced every ~30 s)."""
+    with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
+        call = c.submit("sleep", 300, _batch={"walltime": 60}, server=addr(sed))
+        with pytest.raises(gridrpc.RemoteError) as exc:
+            call.result(timeout=150)
+        err = exc.value
+        assert err.remote_type == "BatchJobTimeout", err
+        job_id = sed.records[-1]["job_id"]
+        assert f"batch job {job_id} of sleep reached its time limit" in str(err)
+        assert "TIMEOUT" in str(err) and "time limit 60s" in str(err)
+        assert squeue_state(cluster, job_id).startswith("TIMEOUT")
+
+
+def test_command_line_batch_sed(cluster, tmp_path):
+    """``gridrpc sed --batch slurm ...`` as a process; SIGTERM stops it cleanly."""
+    ready = tmp_path / "ready.json"
+    cmd = [sys.executable, "-m", "gridrpc", "sed", "--name", "cli-batch", "--port", "0",
+           "--ready-file", str(ready), "--batch", "slurm", "--shared-dir", str(tmp_path / "shared"),
+           "--time-limit", "0:05:00", "--poll-interval", "0.25", "--sbatch-option=--comment=gridrpc",
+           "--batch-env", f"SLURM_CONF={cluster.env['SLURM_CONF']}",
+           "--service", "gridrpc.examples.services:add"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(ready.exists, 30, "the batch SeD process to be ready")
+        info = json.loads(ready.read_text())
+        with client() as c:
+            call = c.submit("add", 40, 2, server=f"{info['address']}#cli-batch")
+            assert call.result(timeout=60) == 42
+        show = cluster.run(["scontrol", "-o", "show", "job", call.timing["job_id"]]).stdout
+        assert "TimeLimit=00:05:00" in show and "Comment=gridrpc" in show
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]

@@ -125,5 +125,6 @@ def test_plan_cli_errors(tmp_path):
 def test_calibrate_fits_the_model_on_small_trees():
     figs = calibrate(seds=(8, 16), las=(2,), rounds=5, progress=lambda _: None, hb_interval=0.2)
     assert figs["per_child"] > 0 and figs["per_hop"] >= 0
-    assert {(s["seds"], s["las"]) for s in figs["samples"]} == {(8, 0), (8, 2), (16, 0), (16, 2)}
+    assert {(s["seds"], s["las"]) for s in figs["samples"]} == {(1, 0), (1, 1), (8, 0), (8, 2), (16, 0), (16, 2)}
+    assert [(c["seds"], c["las"]) for c in figs["checks"]] == [(8, 2), (16, 2)]
     assert Figures(**{k: figs[k] for k in ("per_child", "per_hop", "base", "rtt")}).per_child == figs["per_child"]

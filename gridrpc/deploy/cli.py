@@ -45,6 +45,8 @@ def add_deploy_parser(sub) -> None:
     q.add_argument("--tolerance", type=float, default=0.1,
                    help="take the shape with fewest agents among those predicted within this fraction "
                         "of the fastest (default 0.1)")
+    q.add_argument("--min-gain", type=float, default=0.5,
+                   help="... or within this many milliseconds (default 0.5)")
     q.add_argument("--pack", action="store_true",
                    help="one SeD process per (host, parent) with replicas instead of one per SeD")
     q = dsub.add_parser("calibrate", help="measure discovery cost per child and per hop (in-process tree)")

@@ -30,14 +30,15 @@ import yaml
 
 from ..errors import ConfigError
 
-# Measured by `gridrpc deploy calibrate --seds 50,100,200 --las 5,10 --rounds 40` on the
-# development machine (2 vCPUs, Python 3.11, shared with other jobs); see docs/deployment.md.
+# From three runs of `gridrpc deploy calibrate --seds 50,100,200 --las 5,10 --rounds 60` on the
+# development machine (2 vCPUs, Python 3.11, load average 14-18 from other jobs): CPU work of the
+# in-process tree per discovery; see docs/deployment.md for the numbers.
 DEFAULT_FIGURES = {
-    "per_child": 0.000150,   # s per child of one agent (agent + child side, one event loop)
-    "per_hop": 0.00060,      # s per extra agent level (an LA's own forward/aggregate/reply)
-    "base": 0.0020,          # s: client + MA + one SeD, independent of the shape
-    "rtt": 0.0002,           # s per extra level: one LAN round trip (not measured: loopback)
-    "source": "built-in (gridrpc deploy calibrate, 2 vCPU development machine)",
+    "per_child": 90e-6,      # s per child of one agent (fits: 62, 87, 93 us; agent + child side)
+    "per_hop": 50e-6,        # s per extra agent level, the LA's own work (fits: 0, 36, 185 us; noisy)
+    "base": 0.2e-3,          # s: client + MA + one SeD (0.18-0.31 ms)
+    "rtt": 200e-6,           # s per extra level: one LAN round trip (not measured: loopback)
+    "source": "built-in: gridrpc deploy calibrate, 2 vCPU development machine",
 }
 
 PLAN_ONLY_HOST_KEYS = ("seds", "agents")
@@ -102,10 +103,11 @@ def shape_for(n: int, levels: int) -> Shape:
 
 
 def best_shape(n: int, f: Figures, max_levels: int = 4, max_fanout: int | None = None,
-               tolerance: float = 0.1) -> tuple[Shape, list[tuple[Shape, float]]]:
+               tolerance: float = 0.1, min_gain: float = 0.5e-3) -> tuple[Shape, list[tuple[Shape, float]]]:
     """The shape to use, and all candidates: among the shapes predicted within
-    ``tolerance`` (relative) of the fastest, the one with the fewest agents
-    (the figures are rough; fewer processes are cheaper to run and watch)."""
+    ``tolerance`` (relative) or ``min_gain`` (seconds) of the fastest, the one
+    with the fewest agents (the figures are rough; fewer processes are
+    cheaper to run and watch)."""
     if n < 1:
         raise ConfigError("--seds must be at least 1")
     cands, seen = [], set()
@@ -121,7 +123,7 @@ def best_shape(n: int, f: Figures, max_levels: int = 4, max_fanout: int | None =
     if not cands:
         raise ConfigError(f"no shape with at most {max_levels} levels keeps the fan-out <= {max_fanout}")
     fastest = min(lat for _, lat in cands)
-    near = [(s, lat) for s, lat in cands if lat <= fastest * (1 + tolerance)]
+    near = [(s, lat) for s, lat in cands if lat <= fastest + max(fastest * tolerance, min_gain)]
     best = min(near, key=lambda sl: (sum(sl[0].agents), sl[1]))
     return best[0], cands
 
@@ -176,9 +178,9 @@ def _blocks(items: list, k: int) -> list[list]:
 
 def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max_fanout: int | None = None,
          services: list[str] | None = None, name: str = "planned", ma_port: int = 5555,
-         pack: bool = False, tolerance: float = 0.1) -> tuple[dict, str]:
+         pack: bool = False, tolerance: float = 0.1, min_gain: float = 0.5e-3) -> tuple[dict, str]:
     """Return (deployment file data, explanation)."""
-    shape, cands = best_shape(n, f, max_levels, max_fanout, tolerance)
+    shape, cands = best_shape(n, f, max_levels, max_fanout, tolerance, min_gain)
     agent_hosts = [h for h, v in hosts.items() if v.get("agents", True)]
     if not agent_hosts:
         raise ConfigError("no host may run agents (every host has 'agents: false')")
@@ -279,7 +281,8 @@ def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max
              f"model: latency = base + per_child * sum(fan-out per level) + (levels-1) * (per_hop + rtt)",
              f"figures: per_child={f.per_child * 1e6:.0f}us per_hop={f.per_hop * 1e6:.0f}us "
              f"base={f.base * 1e3:.1f}ms rtt={f.rtt * 1e6:.0f}us ({f.source or 'figures file'})",
-             f"choice: fewest agents among shapes within {tolerance:.0%} of the fastest prediction",
+             f"choice: fewest agents among shapes within {tolerance:.0%} or {min_gain * 1e3:g} ms "
+             "of the fastest prediction",
              "candidates:"]
     for s, lat in cands:
         mark = "  <- chosen" if s.agents == shape.agents else ""
@@ -316,7 +319,7 @@ def cmd_plan(a) -> int:
         name = a.name or (Path(a.output).stem if a.output else "planned")
         data, why = plan(a.seds, hosts, f, max_levels=a.max_levels, max_fanout=a.max_fanout,
                          services=services, name=name, ma_port=a.ma_port, pack=a.pack,
-                         tolerance=a.tolerance)
+                         tolerance=a.tolerance, min_gain=a.min_gain / 1000.0)
         from .spec import parse
         parse(json.loads(json.dumps(data)), name=name)   # what we write must load
     except GridRPCError as exc:
@@ -334,11 +337,19 @@ def cmd_plan(a) -> int:
 
 # -- measuring the figures ----------------------------------------------------------
 
-def _discovery_times(ma: str, rounds: int, k: int = 10) -> list[float]:
+def _discovery_times(ma: str, rounds: int, k: int = 10, cpu=None) -> tuple[list[float], float]:
+    """Sorted latencies of ``rounds`` discoveries, and the CPU time ``cpu()``
+    (the tree's loop thread) spent per discovery, idle work subtracted."""
     from ..client import Client
     with Client(ma, discovery_timeout=10) as c:
         for _ in range(5):      # warm-up: connections, first-use costs
             c.discover("add", k)
+        idle_rate = 0.0
+        if cpu:
+            c0, w0 = cpu(), time.perf_counter()
+            time.sleep(0.3)     # heartbeats and timers: subtracted below
+            idle_rate = (cpu() - c0) / (time.perf_counter() - w0)
+            c0, w0 = cpu(), time.perf_counter()
         times = []
         for _ in range(rounds):
             t = time.perf_counter()
@@ -346,7 +357,10 @@ def _discovery_times(ma: str, rounds: int, k: int = 10) -> list[float]:
             times.append(time.perf_counter() - t)
             if not servers:
                 raise RuntimeError("discovery found no server")
-    return sorted(times)
+        per_cpu = 0.0
+        if cpu:
+            per_cpu = max(0.0, (cpu() - c0) - idle_rate * (time.perf_counter() - w0)) / rounds
+    return sorted(times), per_cpu
 
 
 def _quantile(sorted_times: list[float], q: float) -> float:
@@ -354,8 +368,10 @@ def _quantile(sorted_times: list[float], q: float) -> float:
 
 
 def measure(n: int, las: int, rounds: int = 30, hb_interval: float = 1.0) -> dict:
-    """Discovery latency (s) of an in-process tree, {"p20", "median"}: ``las``
-    = 0 is flat (n SeDs under the MA), else ``las`` LAs with n/las SeDs each."""
+    """One in-process tree: ``las`` = 0 is flat (n SeDs under the MA), else
+    ``las`` LAs with n/las SeDs each. Returns the discovery latency ("p20",
+    "median", s) and "cpu": the CPU time all agents and SeDs (one event loop
+    thread) spent per discovery -- the work, unaffected by other jobs."""
     from ..testing import LocalTree
     opts = {"isolation": "inline"}
     if las == 0:
@@ -368,8 +384,8 @@ def measure(n: int, las: int, rounds: int = 30, hb_interval: float = 1.0) -> dic
                          sed_options=opts, hb_interval=hb_interval, hb_timeout=6.0)
     with tree:
         tree.wait_registered(timeout=60)
-        times = _discovery_times(tree.ma_address, rounds)
-    return {"p20": _quantile(times, 0.2), "median": statistics.median(times)}
+        times, per_cpu = _discovery_times(tree.ma_address, rounds, cpu=lambda: tree.lt.call(time.thread_time))
+    return {"p20": _quantile(times, 0.2), "median": statistics.median(times), "cpu": per_cpu}
 
 
 def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
@@ -391,38 +407,58 @@ def _lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
 
 def calibrate(seds=(50, 100, 200), las=(5,), rounds: int = 30,
               progress=lambda s: print(s, file=sys.stderr, flush=True), hb_interval: float = 1.0) -> dict:
-    """Measure flat and two-level in-process trees and fit the model.
+    """Measure in-process trees and fit the model.
 
-    In one process every agent and SeD share one event loop, so a run costs
-    the *sum* of all work: flat ``base + per_child*N``; two-level
-    ``base + per_child*(N + L) + per_hop*L``. The fitted ``per_child`` thus
-    includes the SeD side of each child (an upper bound for the agent alone),
-    and ``per_hop`` is one LA's own share; a real tree pays ``per_hop`` once
-    per level since LAs work in parallel on their hosts. The fit uses the
-    20th percentile of each run: on a shared machine, the median carries
-    other jobs' interference (both are kept in ``samples``).
+    Each run gives the discovery latency and the CPU time the tree's event
+    loop (every agent and SeD of the run) spent per discovery. The fit uses
+    the CPU times, which other jobs on the machine do not inflate:
+
+    * flat trees of 1 and of each N in ``seds`` SeDs: the slope is ``per_child``;
+    * a chain MA -> LA -> one SeD, against MA -> one SeD: the difference is one
+      extra level, ``per_child + per_hop``;
+    * ``base`` is the 20th-percentile latency of the 1-SeD tree less one
+      ``per_child`` (client, sockets, wake-ups);
+    * two-level trees (L in ``las`` LAs, N/L SeDs each) check the fit: in one
+      loop their work is the *sum* ``per_child*(N + L) + per_hop*L`` (a real
+      tree pays ``per_hop`` once per level: its LAs run in parallel).
+
+    ``per_child`` includes the SeD's side of each child, so it is an upper
+    bound for the agent alone.
     """
-    samples, rows, ys = [], [], []
+    samples: list[dict] = []
+
+    def run(n: int, l: int, label: str) -> dict:
+        # small trees are quick and their difference is small: many more rounds
+        m = measure(n, l, rounds if n > 1 else max(rounds * 5, 200), hb_interval)
+        samples.append({"seds": n, "las": l, "p20_s": m["p20"], "median_s": m["median"], "cpu_s": m["cpu"]})
+        progress(f"  {label:24s}: CPU {m['cpu'] * 1e3:7.3f} ms/discovery; latency p20 {m['p20'] * 1e3:7.2f} ms, "
+                 f"median {m['median'] * 1e3:7.2f} ms")
+        return m
+
+    one = run(1, 0, "1 SeD under the MA")
+    chain = run(1, 1, "MA -> LA -> 1 SeD")
+    flat = {1: one["cpu"]}
     for n in seds:
-        for l in (0, *las):
-            if l and n % l:
+        flat[n] = run(n, 0, f"{n} SeDs flat")["cpu"]
+    _, per_child = _lstsq([[1.0, float(n)] for n in flat], list(flat.values()))
+    per_child = max(per_child, 1e-7)
+    per_hop = max(chain["cpu"] - one["cpu"] - per_child, 0.0)
+    base = max(one["p20"] - per_child, 0.0)
+    checks = []
+    for n in seds:
+        for l in las:
+            if n % l:
                 continue
-            m = measure(n, l, rounds, hb_interval)
-            t = m["p20"]
-            samples.append({"seds": n, "las": l, "p20_s": t, "median_s": m["median"]})
-            progress(f"  {n:4d} SeDs, {'flat' if l == 0 else f'{l} LAs':>7s}: discovery p20 {t * 1e3:.2f} ms, "
-                     f"median {m['median'] * 1e3:.2f} ms")
-            rows.append([1.0, float(n + l), float(l)])
-            ys.append(t)
-    base, per_child, per_hop = _lstsq(rows, ys)
+            m = run(n, l, f"{n} SeDs under {l} LAs")
+            checks.append({"seds": n, "las": l, "measured_cpu_s": m["cpu"],
+                           "model_cpu_s": flat[1] - per_child + per_child * (n + l) + per_hop * l})
     try:
         import os
         load = f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     except (OSError, AttributeError):  # pragma: no cover
         load = ""
-    return {"per_child": max(per_child, 1e-7), "per_hop": max(per_hop, 0.0), "base": max(base, 0.0),
-            "rtt": DEFAULT_FIGURES["rtt"], "samples": samples,
-            "fit": {"base": base, "per_child": per_child, "per_hop": per_hop},
+    return {"per_child": per_child, "per_hop": per_hop, "base": base,
+            "rtt": DEFAULT_FIGURES["rtt"], "samples": samples, "checks": checks,
             "source": f"gridrpc deploy calibrate on {time.strftime('%Y-%m-%d')}, {rounds} rounds each{load}"}
 
 
@@ -436,6 +472,9 @@ def cmd_calibrate(a) -> int:
     figs = calibrate(seds, las, a.rounds)
     print(f"per_child={figs['per_child'] * 1e6:.1f}us per_hop={figs['per_hop'] * 1e6:.1f}us "
           f"base={figs['base'] * 1e3:.2f}ms", file=sys.stderr)
+    for c in figs["checks"]:
+        print(f"  check: {c['seds']} SeDs under {c['las']} LAs, CPU per discovery measured "
+              f"{c['measured_cpu_s'] * 1e3:.2f} ms, model {c['model_cpu_s'] * 1e3:.2f} ms", file=sys.stderr)
     text = json.dumps(figs, indent=2)
     if a.output:
         Path(a.output).write_text(text + "\n")

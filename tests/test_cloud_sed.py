@@ -69,8 +69,10 @@ class CloudWorld:
         script = self.tmp / f"{vm.id}.sh"
         script.write_text(ud)
         with open(self.tmp / f"{vm.id}.log", "wb") as log:
+            # its own session: the VM's process group holds everything the VM runs
+            # (the SeD and its forked workers), and goes down with it
             p = subprocess.Popen(["sh", str(script)], stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
                                  env=dict(os.environ, GRIDRPC_PYTHON=sys.executable,
                                           GRIDRPC_HOST="127.0.0.1", GRIDRPC_LOG="INFO"))
         self.procs[vm.id] = p
@@ -78,9 +80,13 @@ class CloudWorld:
 
     @staticmethod
     def _vm_stops(vm, p):
-        if p is not None and p.poll() is None:
-            p.kill()                    # a VM that powers off (or crashes) does not say goodbye
-            p.wait(10)
+        if p is not None:
+            _power_off(p)               # a VM that powers off (or crashes) does not say goodbye
+
+    def wait_terminated(self, vm_id: str, timeout: float = 15) -> None:
+        """Terminations run in the background: wait for the API to say so."""
+        wait_for(lambda: self.provider.get(vm_id).state == "terminated", timeout,
+                 f"instance {vm_id} terminated")
 
     def live_instances(self, owner: str | None = None) -> list:
         return [vm for vm in self.provider.list({OWNER_TAG: owner} if owner else {})
@@ -143,10 +149,11 @@ class CloudWorld:
         finally:
             self.hv.stop()
             for p in self.procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(10)
+                _power_off(p)
             self.lt.close()
+        # nothing a VM started survives it
+        wait_for(lambda: not any(_group_alive(p.pid) for p in self.procs.values()), 10,
+                 "every VM's processes gone")
 
     def max_concurrent_vms(self) -> int:
         up = peak = 0
@@ -157,6 +164,30 @@ class CloudWorld:
             elif kind in ("stop", "die"):
                 up -= 1
         return peak
+
+
+def _power_off(p: subprocess.Popen) -> None:
+    """Kill the VM's process group (its id is the PID we started), then reap."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(10)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (not zombie) process left in the group?"""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 @pytest.fixture
@@ -188,7 +219,7 @@ def test_per_call_each_call_runs_on_its_own_vm_destroyed_after(world, tmp_path):
         assert call.server == "cloud-1"
         assert call.timing["vm"]["started"] is not None   # it ran on the VM's SeD
         [vm_id] = world.hv.wait_event("stop", 1, timeout=15)
-        assert world.provider.get(vm_id).state == "terminated"
+        world.wait_terminated(vm_id)
         assert world.live_instances() == []
         attr = world.moto.boto3_client().describe_instance_attribute(
             InstanceId=vm_id, Attribute="instanceInitiatedShutdownBehavior")
@@ -280,7 +311,7 @@ def test_vm_that_never_boots_is_terminated_and_the_call_goes_elsewhere(world):
         assert call.server == "local-1"                      # the client failed over
         assert time.monotonic() - t0 >= 2.5
     [vm_id] = world.hv.ids("never_boot")
-    assert world.provider.get(vm_id).state == "terminated"
+    world.wait_terminated(vm_id)
     st = world.stats(cloud)
     assert st["boot_timeouts"] == 1 and st["calls_failed"] == 1 and st["vms"] == []
 
@@ -297,7 +328,7 @@ def test_vm_dying_mid_call_is_replaced_and_the_call_retried(world):
         assert call.server == "cloud-1"
     st = world.wait_stats(cloud, lambda s: s["destroyed"] == 2, what="both VMs destroyed")
     assert st["vm_failures"] == 1 and st["created"] == 2 and st["calls_failed"] == 0
-    assert world.provider.get(vm_id).state == "terminated"
+    world.wait_terminated(vm_id)
 
 
 # =========================================================================== cost
@@ -347,7 +378,7 @@ def test_restarted_pool_adopts_its_vms_and_terminates_broken_ones(world):
                           what="old-1 adopted and old-2 timed out")
     assert st["adopted"] == 2 and st["created"] == 0
     assert [v["name"] for v in st["vms"]] == ["pool-1-old-1"]
-    assert world.provider.get(old2.id).state == "terminated"
+    world.wait_terminated(old2.id)
     with world.client() as c:
         assert c.call("add", 20, 22) == 42
     assert world.stats(cloud)["vms"][0]["served"] == 1

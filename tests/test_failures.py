@@ -135,3 +135,20 @@ def test_sed_workers_do_not_outlive_sed(proc_tree):
         assert kids, "worker processes expected"
     s1.stop()
     wait_for(lambda: not any(k.is_running() and k.status() != "zombie" for k in kids), 5, "workers gone")
+
+
+def test_sed_killed_hard_leaves_no_workers(proc_tree):
+    import psutil
+    ma = proc_tree.start("ma", "MA")
+    s1 = proc_tree.sed("s1", ma.address, "--max-concurrent", "3")
+    with gridrpc.Client(ma.address) as c:
+        wait_for(lambda: "s1" in tree_names(c), 10, "SeD")
+        calls = [c.submit("sleep", 60) for _ in range(2)]       # two busy workers, others idle
+        wait_for(lambda: all(x.server for x in calls), 5, "dispatched")
+        kids = psutil.Process(s1.pid).children(recursive=True)
+        assert len(kids) >= 2
+        s1.signal(signal.SIGKILL)
+        wait_for(lambda: not any(k.is_running() and k.status() != "zombie" for k in kids), 5,
+                 "workers of a SeD killed by SIGKILL gone")
+        for x in calls:
+            x.cancel()

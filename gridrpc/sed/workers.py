@@ -29,9 +29,29 @@ log = logging.getLogger(__name__)
 _CTX = mp.get_context("fork")
 
 
-def _worker_main(conn, services: dict[str, Callable]) -> None:
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the SeD dies (even by kill -9)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG
+        if os.getppid() == 1:                  # the SeD died before prctl took effect
+            os._exit(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(conn, services: dict[str, Callable], inherited: list) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # fork copied the SeD's ends of every worker pipe (ours included): close
+    # them, so that EOF on our pipe really means the SeD is gone
+    for other in inherited:
+        try:
+            other.close()
+        except OSError:
+            pass
+    _die_with_parent()
     while True:
         try:
             call_id, service, args, kwargs = pickle.loads(conn.recv_bytes())
@@ -97,7 +117,8 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         parent, child = _CTX.Pipe()
-        proc = _CTX.Process(target=_worker_main, args=(child, self.services), daemon=True)
+        inherited = [parent] + [w.conn for w in self.workers]
+        proc = _CTX.Process(target=_worker_main, args=(child, self.services, inherited), daemon=True)
         proc.start()
         child.close()
         w = _Worker(proc=proc, conn=parent, generation=self.generation)

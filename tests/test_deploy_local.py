@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from gridrpc.deploy.runner import Deployment
+from gridrpc.deploy.runner import Deployment, format_status
 from gridrpc.deploy.spec import DEFAULT_ORPHAN_TIMEOUT, parse
 from gridrpc.errors import ConfigError
 
@@ -84,11 +84,13 @@ def test_local_yaml_up_status_logs_down(local_file, tmp_path):
         assert len(rows) == 7
         assert all(row["process"] == "running" and row["tree"] == "alive" for row in rows.values())
         assert rows["LA1"]["load"]["children"] == 2 and rows["sed-4"]["parent"] == "LA2"
-        s = gridrpc("deploy", "status", str(f), env=env)                  # by file, as a tree
-        assert s.returncode == 0 and "├─ LA1" in s.stdout and "│  ├─ sed-1" in s.stdout
+        tree_text = format_status(list(rows.values()))                   # the human form: a tree
+        assert "├─ LA1" in tree_text and "│  ├─ sed-1" in tree_text and "└─ sed-4" in tree_text
 
-        lg = gridrpc("deploy", "logs", "local", "sed-3", "-n", "200", env=env)
+        lg = gridrpc("deploy", "logs", str(f), "sed-3", "-n", "200", env=env)        # by file
         assert lg.returncode == 0 and 'READY {"name": "sed-3"' in lg.stdout
+        lg = gridrpc("deploy", "logs", "local", "nobody", env=env)
+        assert lg.returncode == 1 and "no element named 'nobody'" in lg.stderr
 
         again = gridrpc("deploy", "up", str(f), env=env)
         assert again.returncode == 1 and "already running" in again.stderr

@@ -16,6 +16,8 @@ import psutil
 import pytest
 import yaml
 
+from gridrpc.deploy.runner import Deployment, DeployError
+from gridrpc.deploy.spec import load
 from tests.conftest_slurm import slurm_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real]
@@ -95,19 +97,27 @@ def test_deploy_inside_an_allocation(slurm_cluster, allocation, tmp_path):  # no
     assert not [p for p in srun_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_outside_an_allocation_or_wrong_node_is_a_clear_error(slurm_cluster, allocation, tmp_path):  # noqa: F811
+def test_outside_an_allocation_or_wrong_node_is_a_clear_error(slurm_cluster, allocation, tmp_path,  # noqa: F811
+                                                             monkeypatch):
     c = slurm_cluster
-    f, _ = spec_file(tmp_path, c, node=c.node_name)
-    r = gridrpc(c.full_env(), "deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
-    assert r.returncode == 1
-    assert "host node1 (for MA, LA1, sed-1): not inside a Slurm allocation (SLURM_JOB_ID is not set)" in r.stderr
-    assert "nothing was started" in r.stderr
-    f, _ = spec_file(tmp_path, c, node="nosuchnode7")
-    env = {**c.full_env(), "SLURM_JOB_ID": allocation, "SLURM_JOB_NODELIST": c.node_name}
-    r = gridrpc(env, "deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
-    assert r.returncode == 1
-    assert f"node 'nosuchnode7' is not in allocation {allocation} (nodes: {c.node_name})" in r.stderr
-    f, _ = spec_file(tmp_path, c, node="@3")
-    r = gridrpc(env, "deploy", "up", str(f), "--state-dir", str(tmp_path / "st"))
-    assert r.returncode == 1 and "node @3 but the allocation has only 1 node(s)" in r.stderr
+    for k, v in c.env.items():
+        monkeypatch.setenv(k, v)
+
+    def up(node: str) -> str:
+        f, _ = spec_file(tmp_path, c, node=node)
+        with Deployment(load(f), state_dir=tmp_path / "st", progress=lambda _: None) as d:
+            with pytest.raises(DeployError) as ei:
+                d.up()
+            assert not d.started
+        return str(ei.value)
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    err = up(c.node_name)
+    assert "host node1 (for MA, LA1, sed-1): not inside a Slurm allocation (SLURM_JOB_ID is not set)" in err
+    assert "nothing was started" in err
+    monkeypatch.setenv("SLURM_JOB_ID", allocation)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", c.node_name)
+    assert f"node 'nosuchnode7' is not in allocation {allocation} (nodes: {c.node_name})" in up("nosuchnode7")
+    assert "node @3 but the allocation has only 1 node(s)" in up("@3")
     assert our_steps(c, allocation) == []

@@ -88,13 +88,15 @@ def test_plan_cli_then_deploy_the_planned_tree(tmp_path):
         port = s.getsockname()[1]
     out = tmp_path / "planned.yaml"
     r = subprocess.run([sys.executable, "-m", "gridrpc", "deploy", "plan", "--seds", "6", "--hosts", str(hosts),
-                        "--max-fanout", "3", "--ma-port", str(port), "-o", str(out),
+                        "--max-fanout", "3", "--ma-port", str(port), "-o", str(out), "--pack",
                         "--services", "gridrpc.examples.services:add"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "<- chosen" in r.stderr and out.read_text().startswith("# planned by")
     spec = load(out)
     assert spec.name == "planned" and len([e for e in spec.elements if e.kind == "la"]) >= 2
+    assert sum(int(e.options.get("replicas", 1)) for e in spec.elements if e.kind == "sed") == 6
+    assert any(int(e.options.get("replicas", 1)) > 1 for e in spec.elements if e.kind == "sed")   # packed
     raw = yaml.safe_load(out.read_text())
     raw["heartbeat"] = {"interval": 0.3, "timeout": 1.0}
     for s in raw["seds"]:
@@ -107,6 +109,8 @@ def test_plan_cli_then_deploy_the_planned_tree(tmp_path):
             with gridrpc.Client(f"tcp://127.0.0.1:{port}") as c:
                 assert len(c.discover("add", 10)) == 6
                 assert c.call("add", 2, 3) == 5
+            rows = d.status()                    # replicas NAME-1..N count as their process
+            assert all(r["tree"] == "alive" and r["process"] == "running" for r in rows), rows
         finally:
             d.down()
 

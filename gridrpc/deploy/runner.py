@@ -355,9 +355,19 @@ class Deployment:
         self.progress(f"  {where}: serving at {info['address']} (pid {st.pid}, "
                       f"{time.monotonic() - t0:.1f}s)")
 
+    def expected_names(self) -> set[str]:
+        """Names the MA's tree shows once all registered: a SeD with
+        ``replicas: N`` > 1 registers as NAME-1..N (zero-padded), not as NAME."""
+        want = set()
+        for e in self.spec.elements:
+            r = int(e.options.get("replicas") or 1) if e.kind == "sed" else 1
+            w = len(str(r))
+            want |= {e.name} if r == 1 else {f"{e.name}-{i:0{w}d}" for i in range(1, r + 1)}
+        return want
+
     def _wait_registered(self) -> None:
         from ..client import Client
-        want = {e.name for e in self.spec.elements}
+        want = self.expected_names()
         deadline = time.monotonic() + self.register_timeout
         last = -1
         with Client(self.addresses[self.spec.ma.name], discovery_timeout=3) as c:
@@ -373,10 +383,18 @@ class Deployment:
                     return
                 if time.monotonic() > deadline:
                     missing = sorted(want - seen)
-                    tails = "\n".join(f"--- {n} (log tail) ---\n{self._safe_logs(n, 15)}" for n in missing[:3])
+                    owners = sorted({self._owner(n) for n in missing})
+                    tails = "\n".join(f"--- {n} (log tail) ---\n{self._safe_logs(n, 15)}" for n in owners[:3])
                     raise DeployError(f"not registered at the MA after {self.register_timeout:.0f}s: "
-                                      f"{', '.join(missing)}\n{tails}")
+                                      + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+                                      + f"\n{tails}")
                 time.sleep(0.1)
+
+    def _owner(self, name: str) -> str:
+        """The element (process) a registered name belongs to (replicas: NAME-i)."""
+        if name in self.started or any(e.name == name for e in self.spec.elements):
+            return name
+        return name.rsplit("-", 1)[0]
 
     def _safe_logs(self, name: str, lines: int) -> str:
         try:
@@ -521,12 +539,24 @@ class Deployment:
         for e in self.spec.elements:
             st = self.started.get(e.name)
             alive = alive_box.get(e.name, False) if st else False
-            te = tree.get(e.name, {})
+            r = int(e.options.get("replicas") or 1) if e.kind == "sed" else 1
+            if r == 1:
+                te = tree.get(e.name, {})
+                state, load = te.get("state", "absent"), te.get("load") or {}
+            else:  # NAME-1..N: "alive" when all are, else "k/N alive"; loads summed
+                w = len(str(r))
+                reps = [tree.get(f"{e.name}-{i:0{w}d}") for i in range(1, r + 1)]
+                up = sum(1 for t in reps if t and t.get("state", "alive") == "alive")
+                state = "alive" if up == r else "absent" if up == 0 else f"{up}/{r}"
+                load = {}
+                for t in reps:
+                    for k, v in ((t or {}).get("load") or {}).items():
+                        if isinstance(v, (int, float)) and k in ("num_running", "num_waiting", "completed"):
+                            load[k] = load.get(k, 0) + v
             rows.append({"name": e.name, "kind": e.kind, "parent": e.parent, "host": e.host,
-                         "pid": st.pid if st else None,
+                         "pid": st.pid if st else None, "replicas": r,
                          "process": "unknown" if alive is None else "running" if alive else "stopped",
-                         "tree": te.get("state", "absent"), "address": self.addresses.get(e.name),
-                         "load": te.get("load") or {}})
+                         "tree": state, "address": self.addresses.get(e.name), "load": load})
         return rows
 
     def logs(self, name: str, lines: int = 50) -> str:

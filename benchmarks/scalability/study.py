@@ -6,6 +6,8 @@ the CPU use of every element. See docs/scalability.md.
     python -m benchmarks.scalability --quick               # small sizes, 2 load steps (~3 min)
     python -m benchmarks.scalability --sizes 500 --shapes flat,L2-4
     python -m benchmarks.scalability --plot-only           # redraw the PNGs from the JSON
+    python -m benchmarks.scalability --compare 500 --shapes flat,L2-2,L2-4,L3-2
+                                # those shapes at once, discoveries interleaved (noise-fair)
 
 Each configuration: start the tree as real processes (``gridrpc ma|la|sed``,
 SeDs as ``--replicas``), wait until the MA sees every SeD, sample idle CPU,
@@ -213,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plots", default=str(DEFAULT_PLOTS), help="directory for the PNGs (default docs/scalability)")
     ap.add_argument("--resume", action="store_true", help="keep the configurations already in --out")
     ap.add_argument("--plot-only", action="store_true", help="only redraw the plots from --out")
+    ap.add_argument("--compare", type=int, metavar="N",
+                    help="run --shapes with N SeDs all at once and interleave discoveries between them "
+                         "(results in compare-N.json next to --out; plot compare-N.png)")
+    ap.add_argument("--blocks", type=int, default=8, help="--compare: rounds over the shapes (default 8)")
+    ap.add_argument("--per-block", type=int, default=40, help="--compare: discoveries per shape and round (default 40)")
     return ap
 
 
@@ -231,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         _plot(data, a)
         print(table(data["runs"]))
         return 0
+    if a.compare:
+        return _compare(a, out)
     data = {"meta": meta(argv), "runs": []}
     if a.resume and out.exists():
         data["runs"] = json.loads(out.read_text()).get("runs", [])
@@ -264,6 +273,33 @@ def main(argv: list[str] | None = None) -> int:
               f"highest throughput {b['throughput']} ({b['max_rps']:.1f} calls/s)")
     _plot(data, a)
     print(f"results: {out}")
+    return 0
+
+
+def _compare(a, out: Path) -> int:
+    from .compare import compare, plot_compare
+    shapes = shapes_for(a.compare, a.shapes, a.max_procs)
+    print(f"[{time.strftime('%H:%M:%S')}] {a.compare} SeDs, side by side: {', '.join(s.name for s in shapes)} "
+          f"(load avg {os.getloadavg()[0]:.1f})", flush=True)
+    t0 = time.monotonic()
+    res = compare(a.compare, shapes, blocks=a.blocks, per_block=a.per_block, hb=(a.hb_interval, a.hb_timeout),
+                  log=lambda m: print(m, flush=True))
+    res["meta"] = meta(sys.argv[1:])
+    res["meta"]["elapsed_s"] = round(time.monotonic() - t0)
+    path = out.with_name(f"compare-{a.compare}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1))
+    print(f"results: {path}")
+    print(f"{'shape':8s} {'median':>8s} {'p90':>8s} {'p99':>8s} {'max':>8s}  block medians (ms)")
+    for name, r in res["results"].items():
+        print(f"{name:8s} {r['median_ms']:8.1f} {r['p90_ms']:8.1f} {r['p99_ms']:8.1f} {r['max_ms']:8.1f}  "
+              + " ".join(f"{x:.0f}" for x in r["block_medians"]))
+    print("idle CPU of each tree (heartbeats), % of one core: "
+          + ", ".join(f"{k} {v:.0f}" for k, v in res["idle_cpu"].items()))
+    try:
+        print(f"plot: {plot_compare(res, Path(a.plots) / f'compare-{a.compare}.png')}")
+    except ImportError as exc:
+        print(f"no plot: {exc}", file=sys.stderr)
     return 0
 
 

@@ -313,6 +313,17 @@ class FakeBackend:
             time.sleep(0.01)
         return sorted(self.jobs, key=int)[n - 1]
 
+    def job_for(self, call_id, timeout=10.0) -> str:
+        """The job id of a call (submissions run in threads: ids follow no call order)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                for jid, j in self.jobs.items():
+                    if j["spec"].env.get("GRIDRPC_CALL_ID") == call_id:
+                        return jid
+            assert time.monotonic() < deadline, f"no job for call {call_id}"
+            time.sleep(0.01)
+
     def run(self, jid):
         """Run the job's command here (``run_job`` in-process), then end it."""
         with self.lock:
@@ -499,7 +510,7 @@ def test_restart_recovers_running_and_finished_jobs(tmp_path):
                 address = sed.address
                 a = c.submit("add", 1, 2, server=_addr(sed))
                 b = c.submit("add", 3, 4, server=_addr(sed))
-                ja, jb = fake.wait_jobs(1), fake.wait_jobs(2)
+                ja, jb = fake.job_for(a.id), fake.job_for(b.id)
                 _wait(lambda: sed.batch_stats["submitted"] == 2)
             fake.run(ja)                        # ends while no SeD runs
             time.sleep(1.5)                     # > ping_timeout
@@ -597,3 +608,22 @@ def test_cancel_on_exit(tmp_path):
         with pytest.raises(gridrpc.CallCancelled):
             call.result(timeout=5)
         assert fake.cancelled == [jid] and fake.jobs[jid]["state"] is JobState.CANCELLED
+
+
+def test_own_jobs_cap_the_schedulers_pessimism():
+    """Slurm's estimate assumes our running jobs use their whole time limit;
+    their predicted ends (history) give a tighter bound when nobody else waits."""
+    from gridrpc.sed.batch.estimate import own_wait
+    assert own_wait(now=0.0, free_cpus=2, need=1, running=[]) == 0.0
+    assert own_wait(now=0.0, free_cpus=0, need=2, running=[(30.0, 1), (10.0, 1), (50.0, 4)]) == 30.0
+    assert own_wait(now=0.0, free_cpus=0, need=9, running=[(30.0, 1)]) is None
+    snap = _snap(free=0, total=4, queue_length=1, est_start=119.0, est_start_known=True)
+    t = _tags(snap, num_pending=1, own_running=[(1005.0, 2), (1008.0, 2)])
+    assert t["est_wait"] == 5.0 and t["est_wait_source"] == "scheduler+own"
+    # someone else's job is pending too: keep the scheduler's word
+    snap = _snap(free=0, total=4, queue_length=3, est_start=119.0, est_start_known=True)
+    assert _tags(snap, num_pending=1, own_running=[(1005.0, 4)])["est_wait"] == 119.0
+    # our own pending jobs are ahead of a new call
+    snap = _snap(free=0, total=4, queue_length=1, est_start=119.0, est_start_known=True)
+    assert _tags(snap, num_pending=1, own_pending_cpus=2,
+                 own_running=[(1005.0, 2), (1008.0, 2)])["est_wait"] == 8.0

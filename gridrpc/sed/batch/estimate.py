@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .base import ClusterInfo
 
-__all__ = ["JobHistory", "RunRecord", "ClusterSnapshot", "batch_tags", "DEFAULT_TCOMP", "UNREACHABLE_WAIT"]
+__all__ = ["JobHistory", "RunRecord", "ClusterSnapshot", "batch_tags", "own_wait", "DEFAULT_TCOMP",
+           "UNREACHABLE_WAIT"]
 
 #: run time guessed when nothing is known (no history, no walltime, unlimited partition)
 DEFAULT_TCOMP = 60.0
@@ -117,15 +119,37 @@ class ClusterSnapshot:
     impossible: str | None = None         # why the default job shape can never run there
 
 
+def own_wait(*, now: float, free_cpus: int, need: int, running: Sequence[tuple[float, int]]) -> float | None:
+    """Seconds until ``need`` CPUs are free if this SeD's running jobs end
+    when their *predicted* ends say (``running``: ``(predicted end, cpus)``)
+    and nothing else changes; None if even all of them are not enough.
+    Whole-cluster CPU counting: node fragmentation is ignored."""
+    if free_cpus >= need:
+        return 0.0
+    have = free_cpus
+    for end, cpus in sorted(running):
+        have += cpus
+        if have >= need:
+            return max(0.0, end - now)
+    return None
+
+
 def batch_tags(*, now: float, snapshot: ClusterSnapshot | None, tcomp: float, tcomp_source: str,
                cpus_per_job: int, walltime: float | None, num_pending: int, num_running: int,
                queued_here: int, submitted_cpus_since: int, max_jobs: int,
-               last_solve: float | None, scheduler: str, partition: str | None) -> dict:
+               last_solve: float | None, scheduler: str, partition: str | None,
+               own_running: Sequence[tuple[float, int]] = (), own_pending_cpus: int = 0) -> dict:
     """The estimation vector of a batch SeD for one service (see module doc).
 
     ``num_pending``/``num_running``: this SeD's jobs in the scheduler;
     ``queued_here``: calls waiting in the SeD (over ``max_jobs``);
-    ``submitted_cpus_since``: CPUs of the jobs submitted after the snapshot."""
+    ``submitted_cpus_since``: CPUs of the jobs submitted after the snapshot;
+    ``own_running``: ``(predicted end, cpus)`` of this SeD's running jobs;
+    ``own_pending_cpus``: CPUs of its jobs that were already pending at the
+    snapshot. When nobody else's job is pending, the scheduler's estimate
+    (which assumes our running jobs use their whole time limit) is capped by
+    the time our own jobs are predicted to free enough CPUs
+    (``est_wait_source`` ``...+own``)."""
     tcomp = max(float(tcomp), 1e-3)
     tags: dict = {
         "server_type": "batch", "batch_scheduler": scheduler, "tcomp": tcomp,
@@ -152,11 +176,17 @@ def batch_tags(*, now: float, snapshot: ClusterSnapshot | None, tcomp: float, tc
         elif snapshot.est_start_known and snapshot.est_start is not None:
             wait = max(0.0, snapshot.est_start - (now - snapshot.taken))
             source = "scheduler"
+            tags["est_wait_scheduler"] = wait      # the scheduler's own word, before corrections
         elif free >= need and queue == 0:
             wait, source = 0.0, "idle"
         else:   # coarse model: the pending jobs ahead run in waves of `slots`
             wait, source = math.ceil((queue + 1) / slots) * tcomp, "model"
-        if submitted_cpus_since and wait < tcomp and free < need and wait < UNREACHABLE_WAIT:
+        if own_running and source in ("scheduler", "model") and queue <= num_pending:
+            mine = own_wait(now=now, free_cpus=c.free_cpus - submitted_cpus_since,
+                            need=need + own_pending_cpus, running=own_running)
+            if mine is not None and mine < wait:
+                wait, source = mine, source + "+own"
+        if submitted_cpus_since and wait < tcomp and free < need and "+own" not in source:
             # our own new jobs took the CPUs the snapshot saw free
             wait, source = max(wait, tcomp * math.ceil(submitted_cpus_since / (need * slots))), \
                 source + "+recent"

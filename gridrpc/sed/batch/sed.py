@@ -239,6 +239,7 @@ class BatchSeD(SeD):
                 job = self._jobs.get(cid)
                 if job is not None:
                     job.cancel_requested = True
+                    self._cancelling[cid] = job
                     self._start_cancel(job)
                 self._finish_call(call, m.error_header(cid, "cancelled", f"batch SeD {self.name} stopped "
                                                        "(cancel_on_exit): job cancelled", **self._timing(call)))
@@ -396,8 +397,10 @@ class BatchSeD(SeD):
                    walltime=o.get("walltime", c.time_limit), cpus=max(nodes, tasks * cpt))
         job.final = asyncio.get_running_loop().create_future()
         vec = self.estimate(call.replica, call.service, [], user=call.user)
+        tcomp, source = self.history.predict(job.service, job.user, job.walltime)
         job.predicted = {"est_wait": vec.get("est_wait"), "est_wait_source": vec.get("est_wait_source"),
-                         "tcomp": vec.get("tcomp"), "tcomp_source": vec.get("tcomp_source")}
+                         "est_wait_scheduler": vec.get("est_wait_scheduler"),
+                         "tcomp": tcomp, "tcomp_source": source}
         self._jobs[call.id] = job
         return job
 
@@ -448,6 +451,11 @@ class BatchSeD(SeD):
         job.state = "submitting"
         job.submitted = time.time()
         self._save(job)
+        try:
+            with open(os.path.join(job.dir, "job.sh"), "w") as fh:     # for people reading the directory
+                fh.write(spec.script)
+        except OSError:
+            pass
         snap = self._snapshot
         check = bool(call.options) or (snap is not None and snap.impossible is not None)
         fut = asyncio.ensure_future(asyncio.to_thread(self._checked_submit, spec, check))
@@ -762,7 +770,8 @@ class BatchSeD(SeD):
         self._remove_dir(job)
 
     def _sweep(self) -> None:
-        """Drop answers nobody fetched within ``result_retention``."""
+        """Drop answers nobody fetched within ``result_retention``, and
+        directories of calls refused before they became jobs."""
         now = time.time()
         for cid, job in list(self._undelivered.items()):
             if now - (job.ended or job.received) > self.config.result_retention:
@@ -770,6 +779,9 @@ class BatchSeD(SeD):
                             self.name, cid, job.job_id)
                 self._undelivered.pop(cid, None)
                 self._remove_dir(job)
+        known = {os.path.basename(j.dir) for src in (self._jobs, self._cancelling, self._undelivered)
+                 for j in src.values()} | {jobfiles.safe_name(c) for c in self.calls}
+        self._spawn(asyncio.to_thread(_remove_strays, self.jobs_dir, known, now - 3600.0))
 
     # ------------------------------------------------------------------ estimation
     def _on_parent(self, r: Replica, mt: MsgType, h: dict, frames: list) -> None:
@@ -789,12 +801,23 @@ class BatchSeD(SeD):
         tcomp, source = self.history.predict(svc.name, user, c.time_limit)
         snap = self._snapshot
         since = snap.taken if snap is not None else 0.0
-        pending = sum(1 for j in self._jobs.values() if j.state in ("submitting", "submitted", "new"))
-        running = sum(1 for j in self._jobs.values() if j.state == "running")
+        pending = [j for j in self._jobs.values() if j.state in ("submitting", "submitted", "new")]
+        running = [j for j in self._jobs.values() if j.state == "running"]
+        own_running = []
+        for j in running:     # predicted ends; past due: another predicted run, within the limit
+            run, _ = self.history.predict(j.service, j.user, j.walltime)
+            end = (j.started or now) + run
+            if end < now:
+                end = now + run
+                if j.walltime and j.started:
+                    end = min(end, j.started + j.walltime)
+            own_running.append((end, j.cpus))
         vec = batch_tags(
             now=now, snapshot=snap, tcomp=tcomp, tcomp_source=source,
             cpus_per_job=max(c.nodes or 1, (c.ntasks or 1) * (c.cpus_per_task or 1)),
-            walltime=c.time_limit, num_pending=pending, num_running=running,
+            walltime=c.time_limit, num_pending=len(pending), num_running=len(running),
+            own_running=own_running,
+            own_pending_cpus=sum(j.cpus for j in pending if (j.submitted or now) < since),
             queued_here=len(r.scheduler.requests) - len(r.scheduler.running),
             submitted_cpus_since=sum(n for t, n in self._submitted_since if t >= since),
             max_jobs=c.max_jobs, last_solve=r.last_solve, scheduler=c.scheduler, partition=c.partition)
@@ -873,6 +896,23 @@ class BatchSeD(SeD):
         s.update(server_type="batch", batch=dict(self.batch_stats), jobs=len(self._by_job),
                  undelivered=len(self._undelivered), cancelling=len(self._cancelling))
         return s
+
+
+def _remove_strays(jobs_dir: str, known: set[str], before: float) -> None:
+    """(thread) Remove call directories without ``meta.json`` that no call
+    owns and that have not changed since *before*."""
+    try:
+        entries = os.listdir(jobs_dir)
+    except OSError:
+        return
+    for entry in entries:
+        d = os.path.join(jobs_dir, entry)
+        try:
+            if entry in known or os.path.exists(os.path.join(d, "meta.json")) or os.path.getmtime(d) > before:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _read_started(d: str) -> dict:

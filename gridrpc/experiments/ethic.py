@@ -31,6 +31,7 @@ from ..client.aio import AsyncClient
 from ..client.optional import DeadlineAwareDispatcher, call_events, drive
 from ..core.dispatcher import LegacyDispatcher, OptionalDispatcher
 from ..core.metrics import metrics_from_events
+from ..errors import NoServerAvailable
 from ..core.scenarios import SCENARIOS, ClientPlan, generate
 from .tree import ExperimentTree
 
@@ -95,7 +96,14 @@ async def _user(plan: ClientPlan, cfg: EthicConfig, ma: str, origin: float, name
     # at once and may take seconds to acknowledge them all
     async with AsyncClient(ma, user=name, discovery_timeout=30.0, ack_timeout=60.0,
                            ping_timeout=30.0) as client:
-        servers = await client.discover(cfg.service, max_servers=plan.n_max)
+        for attempt in range(3):     # a swamped SeD process may miss the discovery budget
+            try:
+                servers = await client.discover(cfg.service, max_servers=plan.n_max)
+                break
+            except NoServerAvailable:
+                if attempt == 2:
+                    raise
+                log.warning("user %s: discovery found no server; retrying", name)
         mand = [plan.task_time] * plan.n_min
         opt = itertools.repeat(plan.task_time, plan.n_max - plan.n_min)
         deadline = origin + plan.deadline

@@ -144,6 +144,41 @@ def _stop_each(launcher, started: Sequence["Started"], timeout: float) -> dict[i
     return out
 
 
+@dataclass
+class BatchResult:
+    """Outcome of one element of ``start_many``: ``started`` (None if it could
+    not be started), the readiness line, or the error."""
+    name: str
+    started: "Started | None" = None
+    ready_line: str = ""
+    error: "LaunchError | None" = None
+
+
+def _start_each(launcher, items, pattern: str, timeout: float, on_started=None,
+                max_workers: int = 16) -> dict[str, BatchResult]:
+    """Generic ``start_many``: start and wait for each element in threads."""
+    import concurrent.futures as cf
+    out: dict[str, BatchResult] = {}
+
+    def one(item):
+        name, command = item
+        res = BatchResult(name)
+        try:
+            res.started = launcher.start(command, name=name)
+            if on_started:
+                on_started(name, res.started)
+            res.ready_line = launcher.wait_ready(res.started, pattern, timeout)
+        except LaunchError as exc:
+            res.error = exc
+        out[name] = res
+
+    items = list(items)
+    if items:
+        with cf.ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+            list(pool.map(one, items))
+    return out
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Started:
     """What a launcher returns for a started element; plain data, JSON-friendly.
@@ -343,6 +378,10 @@ class LocalLauncher:
         """Wait until a line of the log matches ``pattern``; return it.
         Raises :class:`NotReady` (with the log tail) on exit or timeout."""
         return _wait_ready_file(self, started, pattern, timeout)
+
+    def start_many(self, items, pattern: str, timeout: float, on_started=None) -> dict[str, "BatchResult"]:
+        """Start each (name, command) and wait until its log matches ``pattern``."""
+        return _start_each(self, items, pattern, timeout, on_started)
 
     def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
         return {st.pid: self.alive(st) for st in started}
@@ -558,16 +597,18 @@ class SSHLauncher:
         return "\n".join(lines) + "\n"
 
     def _check_script(self) -> str:
+        """One python run: the interpreter exists (126/127 otherwise) and
+        imports ``check_module``; leaves its version in ``$pyver``."""
         c = self.config
         if self.checked:
             return ""
         py = _rpath(c.python_executable)
-        s = (f'{py} -c "import sys; print(sys.version.split()[0])" >/dev/null 2>&1; rc=$?\n'
-             f'if [ $rc -eq 126 ] || [ $rc -eq 127 ]; then echo "{_MARK} python"; exit {_RC_PYTHON}; fi\n')
-        if c.check_module:
-            s += (f'err=$({py} -c "import {c.check_module}" 2>&1) || '
-                  f'{{ echo "{_MARK} module"; printf "%s\\n" "$err" | tail -n 5; exit {_RC_MODULE}; }}\n')
-        return s
+        imp = f"; import {c.check_module}" if c.check_module else ""
+        return (f'out=$({py} -c "import sys; print(sys.version.split()[0]){imp}" 2>&1); rc=$?\n'
+                f'if [ $rc -eq 126 ] || [ $rc -eq 127 ]; then echo "{_MARK} python"; exit {_RC_PYTHON}; fi\n'
+                f'if [ $rc -ne 0 ]; then echo "{_MARK} module"; printf "%s\\n" "$out" | tail -n 5; '
+                f'exit {_RC_MODULE}; fi\n'
+                'pyver=$(printf "%s\\n" "$out" | head -n 1)\n')
 
     def _raise_preflight(self, res: subprocess.CompletedProcess) -> None:
         c, out = self.config, (res.stdout + res.stderr).strip()
@@ -586,14 +627,15 @@ class SSHLauncher:
     def check(self) -> str:
         """Preflight only: reach the host, enter the workdir, check python; return its version."""
         self.checked = False
-        script = self._prelude() + self._check_script() + f"{self._rpy()} -c 'import sys; print(sys.version.split()[0])'\n"
+        script = self._prelude() + self._check_script() + f'echo "{_MARK} version $pyver"\n'
         res = self.run(script)
         self._raise_preflight(res)
         if res.returncode != 0:
             raise LaunchError(f"preflight on {self.host} failed ({res.returncode}): {res.stderr.strip()}",
                               host=self.host)
         self.checked = True
-        return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+        m = re.search(rf"^{_MARK} version (.*)$", res.stdout, re.M)
+        return m.group(1).strip() if m else ""
 
     def _rpy(self) -> str:
         return _rpath(self.config.python_executable)
@@ -694,6 +736,121 @@ class SSHLauncher:
                            f"tail:\n{rest}", host=self.host, log_tail=rest, exited=True)
         raise NotReady(f"{who} on {self.host} not ready after {timeout:.0f}s; log {started.log_path}, "
                        f"tail:\n{rest}", host=self.host, log_tail=rest)
+
+    def start_many(self, items, pattern: str, timeout: float, on_started=None) -> dict[str, BatchResult]:
+        """Start every (name, command) of ``items`` and wait until each log has
+        a line matching the extended regex ``pattern`` -- all in ONE ssh
+        session. ``on_started(name, Started)`` is called as soon as each pid is
+        known (before the waiting), so a caller can record it."""
+        items = list(items)
+        if not items:
+            return {}
+        c = self.config
+        steps = max(1, int(timeout * 10))
+        pat = shlex.quote(pattern)
+        lines = [self._prelude() + self._check_script() + _SH_ALIVE, "mkdir -p logs"]
+        logs = []
+        for i, (name, command) in enumerate(items):
+            if not command:
+                raise LaunchError(f"empty command for {name}", host=self.host)
+            logf = "logs/" + _log_name(name, command)
+            logs.append(logf)
+            lines += [f"nohup {shlex.join(command)} >{logf} 2>&1 </dev/null &",
+                      f"p{i}=$!; s{i}=$(pstart $p{i}); d{i}=0",
+                      f'echo "{_MARK} started {i} pid=$p{i} start=$s{i} log=$PWD/{logf}"']
+        lines += ["i=0", "while :; do", "  all=1"]
+        for i, logf in enumerate(logs):
+            lf = shlex.quote(logf)
+            lines += [
+                f"  if [ $d{i} = 0 ]; then",
+                f"    if line=$(grep -m1 -E {pat} {lf} 2>/dev/null); then "
+                f"printf '%s\\n' \"{_MARK} ready {i} $line\"; d{i}=1",
+                f"    elif ! alive $p{i} $s{i}; then",
+                f"      if line=$(grep -m1 -E {pat} {lf} 2>/dev/null); then "
+                f"printf '%s\\n' \"{_MARK} ready {i} $line\"",
+                f"      else echo \"{_MARK} exited {i}\"; tail -n 30 {lf} 2>/dev/null | sed 's/^/{_MARK}+{i} /'; fi",
+                f"      d{i}=1",
+                "    else all=0; fi",
+                "  fi"]
+        lines += ["  [ $all = 1 ] && break", f"  if [ $i -ge {steps} ]; then"]
+        for i, logf in enumerate(logs):
+            lines.append(f"    [ $d{i} = 0 ] && {{ echo \"{_MARK} timeout {i}\"; tail -n 30 {shlex.quote(logf)} "
+                         f"2>/dev/null | sed 's/^/{_MARK}+{i} /'; }}")
+        lines += ["    break", "  fi", "  sleep 0.1; i=$((i+1))", "done", "exit 0"]
+        script = "\n".join(lines) + "\n"
+        argv = self.ssh_argv("sh -c " + shlex.quote(script))
+        results = {name: BatchResult(name) for name, _ in items}
+        tails: dict[int, list[str]] = {}
+        outcome: dict[int, str] = {}
+        limit = c.connect_timeout + timeout + 60
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot run the ssh client {argv[0]!r}: {exc}", host=self.host) from exc
+        import threading
+        timer = threading.Timer(limit, proc.kill)
+        timer.start()
+        other = []
+        try:
+            for raw in proc.stdout:
+                line = raw.rstrip("\n")
+                m = re.match(rf"^{_MARK} started (\d+) pid=(\d+) start=(\S*) log=(.*)$", line)
+                if m:
+                    i = int(m.group(1))
+                    name, command = items[i]
+                    st = Started(launcher=self.launcher_name, host=self.host, pid=int(m.group(2)),
+                                 log_path=m.group(4).strip(), command=tuple(command), name=name,
+                                 workdir=c.workdir, pid_start=m.group(3), started_at=time.time())
+                    results[name].started = st
+                    if on_started:
+                        on_started(name, st)
+                    continue
+                m = re.match(rf"^{_MARK} (ready|exited|timeout) (\d+) ?(.*)$", line)
+                if m:
+                    i = int(m.group(2))
+                    outcome[i] = m.group(1)
+                    if m.group(1) == "ready":
+                        results[items[i][0]].ready_line = m.group(3)
+                    continue
+                m = re.match(rf"^{_MARK}\+(\d+) ?(.*)$", line)
+                if m:
+                    tails.setdefault(int(m.group(1)), []).append(m.group(2))
+                    continue
+                other.append(line)
+            stderr = proc.stderr.read()
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if rc == 255 and not any(r.started for r in results.values()):
+            raise self._classify(stderr)
+        if rc in (_RC_WORKDIR, _RC_PYTHON, _RC_MODULE):
+            self._raise_preflight(subprocess.CompletedProcess(argv, rc, "\n".join(other), stderr))
+        for i, (name, _) in enumerate(items):
+            r = results[name]
+            if r.started is None:
+                r.error = LaunchError(f"starting {name} on {self.host} failed ({rc}): "
+                                      f"{(chr(10).join(other) + stderr).strip()[-500:]}", host=self.host)
+            elif outcome.get(i) == "ready":
+                pass
+            else:
+                tail = "\n".join(tails.get(i, [])) + ("\n" if tails.get(i) else "")
+                what = outcome.get(i)
+                who = f"{name} (pid {r.started.pid})"
+                if what == "exited":
+                    r.error = NotReady(f"{who} exited on {self.host} before it was ready; log "
+                                       f"{r.started.log_path}, tail:\n{tail}", host=self.host, log_tail=tail,
+                                       exited=True)
+                elif what == "timeout":
+                    r.error = NotReady(f"{who} on {self.host} not ready after {timeout:.0f}s; log "
+                                       f"{r.started.log_path}, tail:\n{tail}", host=self.host, log_tail=tail)
+                else:
+                    r.error = LaunchError(f"lost track of {who} on {self.host} (ssh ended with {rc}): "
+                                          f"{stderr.strip()[-300:]}", host=self.host)
+        return results
 
     def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
         """One ssh session for all: {pid: alive}."""
@@ -848,6 +1005,9 @@ class SlurmLauncher:
 
     def wait_ready(self, started: Started, pattern: str, timeout: float) -> str:
         return _wait_ready_file(self, started, pattern, timeout)
+
+    def start_many(self, items, pattern: str, timeout: float, on_started=None) -> dict[str, "BatchResult"]:
+        return _start_each(self, items, pattern, timeout, on_started)
 
     def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
         return {st.pid: self.alive(st) for st in started}

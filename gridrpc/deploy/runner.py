@@ -297,19 +297,7 @@ class Deployment:
         try:
             self.preflight()
             for level in self.spec.ordered():
-                with cf.ThreadPoolExecutor(max_workers=min(16, len(level))) as pool:
-                    futs = [pool.submit(self._start_one, e) for e in level]
-                    errors = []
-                    for f in futs:
-                        try:
-                            f.result()
-                        except GridRPCError as exc:
-                            errors.append(exc)
-                    if errors:
-                        if len(errors) > 1:
-                            raise DeployError(f"{errors[0]}\n(also failed: "
-                                              + "; ".join(_first_line(x) for x in errors[1:]) + ")")
-                        raise errors[0]
+                self._start_level(level)
             self._wait_registered()
         except BaseException as exc:
             if self.started:
@@ -324,36 +312,70 @@ class Deployment:
                       f"{time.monotonic() - t0:.1f}s; MA at {self.addresses[self.spec.ma.name]}")
         return self.summary()
 
+    def _start_level(self, level: list[ElementSpec]) -> None:
+        """Start one level: each host's elements in one batch (one ssh session
+        for an ssh host), all hosts in parallel; raise if any failed."""
+        groups: dict[str, list[ElementSpec]] = {}
+        for e in level:
+            groups.setdefault("localhost" if e.host in LOCAL_HOSTS else e.host, []).append(e)
+        errors: list[GridRPCError] = []
+        if groups:
+            with cf.ThreadPoolExecutor(max_workers=min(16, len(groups))) as pool:
+                for errs in pool.map(self._start_group, groups.values()):
+                    errors += errs
+        if len(errors) > 1:
+            raise DeployError(f"{errors[0]}\n(also failed: " + "; ".join(_first_line(x) for x in errors[1:]) + ")")
+        if errors:
+            raise errors[0]
+
     def _start_one(self, e: ElementSpec) -> None:
-        launcher = self.launcher(e.host)
+        errors = self._start_group([e])
+        if errors:
+            raise errors[0]
+
+    def _start_group(self, group: list[ElementSpec]) -> list[GridRPCError]:
+        """Start elements of one host and wait for their READY line."""
+        host = group[0].host
+        launcher = self.launcher(host)
         t0 = time.monotonic()
-        where = f"{e.kind} {e.name} on {e.host}"
-        self.progress(f"  {where}: starting")
+        for e in group:
+            self.progress(f"  {e.kind} {e.name} on {e.host}: starting")
+
+        def on_started(name: str, st: Started) -> None:
+            with self._lock:           # recorded at once: `down` finds it even if we die now
+                self.started[name] = st
+                self._save_state()
+
         try:
-            st = launcher.start(self.command(e), name=e.name)
+            results = launcher.start_many([(e.name, self.command(e)) for e in group], READY_PATTERN,
+                                          self.ready_timeout, on_started=on_started)
         except LaunchError as exc:
-            raise DeployError(f"{e.name} on host {e.host} failed to start: {exc}") from exc
-        with self._lock:
-            self.started[e.name] = st
-            self._save_state()
-        try:
-            line = launcher.wait_ready(st, READY_PATTERN, self.ready_timeout)
-        except NotReady as exc:
-            what = ("exited before it was ready" if exc.exited
-                    else f"did not report READY within {self.ready_timeout:g}s")
-            raise DeployError(f"{e.name} on host {e.host} {what} (pid {st.pid}, log {st.log_path}); "
-                              f"log tail:\n{exc.log_tail.rstrip()}") from exc
-        except LaunchError as exc:
-            raise DeployError(f"{e.name} on host {e.host}: cannot watch its start-up: {exc}") from exc
-        mt = READY_RE.search(line)
-        if not mt:
-            raise DeployError(f"{e.name} on host {e.host}: unreadable READY line {line!r}")
-        info = json.loads(mt.group(1))
-        with self._lock:
-            self.addresses[e.name] = info["address"]
-            self._save_state()
-        self.progress(f"  {where}: serving at {info['address']} (pid {st.pid}, "
-                      f"{time.monotonic() - t0:.1f}s)")
+            return [DeployError(f"{', '.join(e.name for e in group)} on host {host} failed to start: {exc}")]
+        errors: list[GridRPCError] = []
+        for e in group:
+            r = results.get(e.name)
+            st = r.started if r else None
+            if r is None or r.error is not None or st is None:
+                exc = r.error if r else None
+                if isinstance(exc, NotReady) and st is not None:
+                    what = ("exited before it was ready" if exc.exited
+                            else f"did not report READY within {self.ready_timeout:g}s")
+                    errors.append(DeployError(f"{e.name} on host {e.host} {what} (pid {st.pid}, log "
+                                              f"{st.log_path}); log tail:\n{exc.log_tail.rstrip()}"))
+                else:
+                    errors.append(DeployError(f"{e.name} on host {e.host} failed to start: {exc}"))
+                continue
+            mt = READY_RE.search(r.ready_line)
+            if not mt:
+                errors.append(DeployError(f"{e.name} on host {e.host}: unreadable READY line {r.ready_line!r}"))
+                continue
+            info = json.loads(mt.group(1))
+            with self._lock:
+                self.addresses[e.name] = info["address"]
+                self._save_state()
+            self.progress(f"  {e.kind} {e.name} on {e.host}: serving at {info['address']} (pid {st.pid}, "
+                          f"{time.monotonic() - t0:.1f}s)")
+        return errors
 
     def expected_names(self) -> set[str]:
         """Names the MA's tree shows once all registered: a SeD with

@@ -322,3 +322,28 @@ def test_command_line_batch_sed(cluster, tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def test_deployment_file_with_a_batch_sed(cluster, tmp_path):
+    """``kind: batch`` in a deployment file: ``deploy up`` starts ``gridrpc sed
+    --batch`` with the entry's settings; the call runs as a Slurm job."""
+    from gridrpc.deploy import spec as deploy_spec
+    from gridrpc.deploy.runner import Deployment
+    data = {"master_agent": {"name": "MA", "host": "localhost", "port": 0},
+            "seds": [{"name": "hpc", "parent": "MA", "kind": "batch", "scheduler": "slurm",
+                      "time_limit": "0:03:00", "shared_dir": str(tmp_path / "shared"), "poll_interval": 0.25,
+                      "env": {"SLURM_CONF": cluster.env["SLURM_CONF"]}, "options": ["--comment=deployed"],
+                      "services": ["gridrpc.examples.services:add"]}]}
+    spec = deploy_spec.parse(data, name="batch-test")
+    with Deployment(spec, state_dir=tmp_path / "state", progress=lambda msg: None) as dep:
+        try:
+            dep.up()
+            with client(ma=dep.addresses["MA"]) as c:
+                (server,) = c.discover("add", 5)
+                assert server.name == "hpc" and server.estimation["server_type"] == "batch"
+                call = c.submit("add", 1, 2)
+                assert call.result(timeout=60) == 3 and call.server == "hpc"
+            show = cluster.run(["scontrol", "-o", "show", "job", call.timing["job_id"]]).stdout
+            assert "TimeLimit=00:03:00" in show and "Comment=deployed" in show
+        finally:
+            dep.down(quiet=True)

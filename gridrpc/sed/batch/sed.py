@@ -33,7 +33,9 @@ shape) every ``estimate_interval``; discovery never waits on the scheduler.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -180,6 +182,8 @@ class BatchSeD(SeD):
         self._batch_closing = False
         self._last_sweep = 0.0
         self._poll_error_logged = 0.0
+        self._cmd_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix=f"{name}-batch-cmd")
+        self._watch_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=f"{name}-batch-poll")
 
     # ------------------------------------------------------------------ services
     def add_service(self, name: str, fn, *, estimate=None, doc: str | None = None,
@@ -215,7 +219,7 @@ class BatchSeD(SeD):
         await asyncio.to_thread(os.makedirs, self.jobs_dir, exist_ok=True)
         await asyncio.to_thread(self._load_history)
         found = await asyncio.to_thread(self._scan)
-        self._snapshot = await asyncio.to_thread(self._take_snapshot)
+        self._snapshot = await self._in(self._watch_pool, self._take_snapshot)
         await super().start()
         self._recover(found)         # no await since super().start(): no message handled before
         loop = asyncio.get_running_loop()
@@ -249,6 +253,14 @@ class BatchSeD(SeD):
         if self._bg:
             await asyncio.wait(list(self._bg), timeout=wait)
         await super().aclose()
+        self._cmd_pool.shutdown(wait=False, cancel_futures=True)
+        self._watch_pool.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    def _in(pool: concurrent.futures.ThreadPoolExecutor, fn, *args) -> asyncio.Future:
+        """Run a blocking scheduler command in *pool*: submissions and cancels
+        (``_cmd_pool``) never hold up the polls and snapshots (``_watch_pool``)."""
+        return asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)
@@ -458,7 +470,7 @@ class BatchSeD(SeD):
             pass
         snap = self._snapshot
         check = bool(call.options) or (snap is not None and snap.impossible is not None)
-        fut = asyncio.ensure_future(asyncio.to_thread(self._checked_submit, spec, check))
+        fut = asyncio.ensure_future(self._in(self._cmd_pool, self._checked_submit, spec, check))
         job.submit_task = fut
         fut.add_done_callback(lambda f, job=job: self._submitted(job, f))
         try:
@@ -540,7 +552,8 @@ class BatchSeD(SeD):
             self._remove_dir(job)
             return
         try:
-            info = await asyncio.to_thread(self.backend.cancel, job.job_id, timeout=self.config.cancel_timeout)
+            info = await self._in(self._cmd_pool, functools.partial(
+                self.backend.cancel, job.job_id, timeout=self.config.cancel_timeout))
         except BatchError as exc:
             log.error("batch SeD %s: cannot cancel job %s of call %s: %s (retried at the next poll)",
                       self.name, job.job_id, job.call_id, exc)
@@ -569,7 +582,7 @@ class BatchSeD(SeD):
         if ids:
             self.batch_stats["polls"] += 1
             try:
-                infos = await asyncio.to_thread(self.backend.states, ids)
+                infos = await self._in(self._watch_pool, self.backend.states, ids)
             except BatchError as exc:
                 self.batch_stats["poll_errors"] += 1
                 if time.monotonic() - self._poll_error_logged > 60:
@@ -864,7 +877,7 @@ class BatchSeD(SeD):
         while True:
             await asyncio.sleep(self.config.estimate_interval)
             try:
-                snap = await asyncio.to_thread(self._take_snapshot)
+                snap = await self._in(self._watch_pool, self._take_snapshot)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001

@@ -23,7 +23,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -202,27 +202,19 @@ def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max
         load[h] += 1
         return h
 
+    # agents_by_level[l] = [(agent name, host, indexes of its children in level l+1)], 0 = the MA
     levels = shape.levels
     sed_idx = list(range(n))
-    # groups[l] = list of (agent name, host, children indexes) for level l (0 = MA)
-    children_of_level: list = [None] * levels
     child_hosts = sed_hosts
-    child_units = [[i] for i in sed_idx]            # SeD index groups, per child
     agents_by_level: list[list[tuple[str, str, list[int]]]] = [[] for _ in range(levels)]
     for lvl in range(levels - 1, -1, -1):
-        k = shape.agents[lvl]
-        blocks = _blocks(list(range(len(child_hosts))), k)
         level_agents = []
-        for j, blk in enumerate(blocks):
-            host = place([child_hosts[i] for i in blk]) if lvl > 0 else (
-                agent_hosts[0] if hosts[agent_hosts[0]].get("agents", True) else place(child_hosts))
+        for j, blk in enumerate(_blocks(list(range(len(child_hosts))), shape.agents[lvl])):
+            host = agent_hosts[0] if lvl == 0 else place([child_hosts[i] for i in blk])
             aname = "MA" if lvl == 0 else f"LA{lvl}-{j + 1}" if levels > 2 else f"LA{j + 1}"
             level_agents.append((aname, host, blk))
         agents_by_level[lvl] = level_agents
-        children_of_level[lvl] = child_units
         child_hosts = [h for _, h, _ in level_agents]
-    if levels == 1:
-        agents_by_level[0] = [("MA", agent_hosts[0], list(range(n)))]
 
     # wire parents
     parent_of_sed: dict[int, str] = {}
@@ -239,6 +231,7 @@ def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max
     ma_host = agents_by_level[0][0][1]
 
     svc = services or []
+
     def sed_common() -> dict:
         return {"services": list(svc)} if svc else {"examples": True}
 

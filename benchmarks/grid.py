@@ -24,16 +24,70 @@ from .stats import latency, rates
 MB8 = 8 * 1024 * 1024
 TREE_ITEMS = ("call_discovery", "call_bound", "call_discovery_sync", "call_bound_sync",
               "throughput_bound", "throughput_discovery", "array_8mb")
+# diagnostics (no target): where the time of the items above goes
+DIAG_ITEMS = ("discover_4", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline")
 
 
-async def _seq(fn, warmup: int, n: int) -> dict:
+class CpuProbe:
+    """CPU seconds (user + system) used so far by each role's processes:
+    ``client`` (this process), ``ma``, ``la`` (all LAs), ``sed`` (SeD
+    processes), ``workers`` (their worker processes). Differences over a run,
+    minus the idle rate measured at start (heartbeats ...), divided by the
+    number of calls, say where the work goes even on a busy machine, where
+    wall-clock times are noisy. Resolution: the 10 ms clock tick / calls."""
+
+    def __init__(self, roles: dict[str, list[int]], idle_s: float = 2.0) -> None:
+        import psutil
+        self.procs = {r: [psutil.Process(p) for p in pids] for r, pids in roles.items()}
+        self.procs["client"] = [psutil.Process()]
+        # idle rate (heartbeats, housekeeping) per role, subtracted from every run
+        self.idle: dict[str, float] = {}
+        if idle_s:
+            a = self.snapshot()
+            time.sleep(idle_s)
+            b = self.snapshot()
+            self.idle = {r: max(0.0, (b[r] - a.get(r, 0.0)) / (b["_t"] - a["_t"])) for r in b if r != "_t"}
+
+    def snapshot(self) -> dict[str, float]:
+        import psutil
+        out = {}
+        for role, ps in self.procs.items():
+            total = 0.0
+            for p in ps:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                    if role == "sed":
+                        for k in p.children(recursive=True):
+                            kt = k.cpu_times()
+                            out["workers"] = out.get("workers", 0.0) + kt.user + kt.system
+                except psutil.Error:
+                    pass
+            out[role] = total
+        out["_t"] = time.monotonic()
+        return out
+
+    def per_call(self, before: dict, after: dict, calls: int) -> dict:
+        """CPU microseconds per call and role, idle rate subtracted."""
+        dt = after["_t"] - before["_t"]
+        return {r: round(max(0.0, after[r] - before.get(r, 0.0) - self.idle.get(r, 0.0) * dt) / calls * 1e6, 1)
+                for r in after if r != "_t"}
+
+
+async def _seq(fn, warmup: int, n: int, probe: CpuProbe | None = None) -> dict:
     out = []
+    before = None
     for i in range(warmup + n):
+        if i == warmup and probe:
+            before = probe.snapshot()
         t0 = time.perf_counter()
         await fn()
         if i >= warmup:
             out.append(time.perf_counter() - t0)
-    return latency(out)
+    res = latency(out)
+    if probe:
+        res["cpu_us_per_call"] = probe.per_call(before, probe.snapshot(), n)
+    return res
 
 
 def _seq_sync(fn, warmup: int, n: int) -> dict:
@@ -46,7 +100,7 @@ def _seq_sync(fn, warmup: int, n: int) -> dict:
     return latency(out)
 
 
-async def _throughput(fn, n: int, window: int, repeat: int) -> dict:
+async def _throughput(fn, n: int, window: int, repeat: int, probe: CpuProbe | None = None) -> dict:
     """``n`` calls, at most ``window`` in flight; calls/s, median of ``repeat`` runs."""
     async def one_run(count):
         sem = asyncio.Semaphore(window)
@@ -59,34 +113,53 @@ async def _throughput(fn, n: int, window: int, repeat: int) -> dict:
         await asyncio.gather(*(one(i) for i in range(count)))
         return count / (time.perf_counter() - t0)
     await one_run(min(n, 300))      # warm-up
-    return {"calls_per_s": rates([await one_run(n) for _ in range(repeat)]), "n": n, "window": window}
+    before = probe.snapshot() if probe else None
+    res = {"calls_per_s": rates([await one_run(n) for _ in range(repeat)]), "n": n, "window": window}
+    if probe:
+        res["cpu_us_per_call"] = probe.per_call(before, probe.snapshot(), n * repeat)
+    return res
 
 
-async def _tree_async(ma: str, bound_to: str, items: set[str], quick: bool) -> dict:
+async def _bw(handle, quick: bool) -> dict:
+    arr = np.random.default_rng(0).random(MB8 // 8)
+
+    async def rt():
+        back = await handle(arr)
+        assert back.shape == arr.shape and back[-1] == arr[-1]
+    lat = await _seq(rt, 3, 5 if quick else 30)
+    lat["gb_per_s"] = 2 * MB8 / (lat["median_ms"] / 1e3) / 1e9
+    return lat
+
+
+async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str], quick: bool,
+                      probe: CpuProbe | None = None) -> dict:
     res: dict = {}
-    seq_n = 300 if quick else 3000
-    tp_n = 500 if quick else 5000
+    seq_n = 200 if quick else 3000
+    tp_n = 400 if quick else 5000
     rep = 1 if quick else 3
     async with gridrpc.AsyncClient(ma) as c:
         bound = c.handle("add", server=await c.resolve(bound_to))
         if "call_discovery" in items:
-            res["call_discovery"] = await _seq(lambda: c.call("add", 1, 2), 50, seq_n)
+            res["call_discovery"] = await _seq(lambda: c.call("add", 1, 2), 50, seq_n, probe)
         if "call_bound" in items:
-            res["call_bound"] = await _seq(lambda: bound(1, 2), 50, seq_n)
+            res["call_bound"] = await _seq(lambda: bound(1, 2), 50, seq_n, probe)
         if "throughput_bound" in items:
-            res["throughput_bound"] = await _throughput(lambda: bound(1, 2), tp_n, 256, rep)
+            res["throughput_bound"] = await _throughput(lambda: bound(1, 2), tp_n, 256, rep, probe)
         if "throughput_discovery" in items:
-            res["throughput_discovery"] = await _throughput(lambda: c.call("add", 1, 2), tp_n, 256, rep)
+            res["throughput_discovery"] = await _throughput(lambda: c.call("add", 1, 2), tp_n, 256, rep, probe)
         if "array_8mb" in items:
-            arr = np.random.default_rng(0).random(MB8 // 8)
-            echo = c.handle("echo", server=await c.resolve(bound_to))
-
-            async def rt():
-                back = await echo(arr)
-                assert back.shape == arr.shape
-            lat = await _seq(rt, 3, 5 if quick else 30)
-            lat["gb_per_s"] = 2 * MB8 / (lat["median_ms"] / 1e3) / 1e9
-            res["array_8mb"] = lat
+            res["array_8mb"] = await _bw(c.handle("echo", server=await c.resolve(bound_to)), quick)
+        if "discover_4" in items:
+            res["discover_4"] = await _seq(lambda: c.discover("add", 3), 50, seq_n, probe)
+        if inline:
+            srv = await c.resolve(inline)
+            ib = c.handle("add", server=srv)
+            if "call_bound_inline" in items:
+                res["call_bound_inline"] = await _seq(lambda: ib(1, 2), 50, seq_n, probe)
+            if "throughput_bound_inline" in items:
+                res["throughput_bound_inline"] = await _throughput(lambda: ib(1, 2), tp_n, 256, rep, probe)
+            if "array_8mb_inline" in items:
+                res["array_8mb_inline"] = await _bw(c.handle("echo", server=srv), quick)
     return res
 
 
@@ -96,8 +169,16 @@ def run_tree(procs: Procs, items: set[str], quick: bool) -> dict:
     setup = time.monotonic() - t0
     ma = tree["ma"].address
     bound_to = tree["sed_names"][0]
-    res = asyncio.run(_tree_async(ma, bound_to, items, quick))
-    seq_n = 300 if quick else 3000
+    inline = None
+    if {"call_bound_inline", "throughput_bound_inline", "array_8mb_inline"} & items:
+        # outside the tree (no parent): a SeD running calls in its own process
+        p = procs.daemon("sed", "sed-inline", "--examples", "--isolation", "inline").wait_ready()
+        inline = f"{p.address}#sed-inline"
+    roles = {"ma": [tree["ma"].pid], "la": [p.pid for p in tree["las"]], "sed": [p.pid for p in tree["seds"]]}
+    if inline:
+        roles["sed"].append(p.pid)
+    res = asyncio.run(_tree_async(ma, bound_to, inline, items, quick, CpuProbe(roles, 0.5 if quick else 2.0)))
+    seq_n = 200 if quick else 3000
     if {"call_discovery_sync", "call_bound_sync"} & items:
         with gridrpc.Client(ma) as c:
             if "call_discovery_sync" in items:
@@ -105,9 +186,9 @@ def run_tree(procs: Procs, items: set[str], quick: bool) -> dict:
             if "call_bound_sync" in items:
                 h = c.handle("add", server=bound_to)
                 res["call_bound_sync"] = _seq_sync(lambda: h(1, 2), 50, seq_n)
-    for v in res.values():
+    for k, v in res.items():
         v["tree"] = "MA -> 2 LAs -> 4 SeDs (separate processes)"
-        v["bound_to"] = bound_to
+        v["bound_to"] = "sed-inline (--isolation inline, no parent)" if k.endswith("_inline") else bound_to
     res["_setup_s"] = {"tree_a": setup}
     return res
 
@@ -122,7 +203,9 @@ def run_discovery_100(procs: Procs, quick: bool) -> dict:
         async with gridrpc.AsyncClient(ma) as c:
             found = await c.discover("add", 10)
             assert len(found) == 10, found
-            lat = await _seq(lambda: c.discover("add", 10), 20, 100 if quick else 1000)
+            probe = CpuProbe({"ma": [tree["ma"].pid], "la": [p.pid for p in tree["las"]],
+                              "sed": [p.pid for p in tree["seds"]]}, 0.5 if quick else 2.0)
+            lat = await _seq(lambda: c.discover("add", 10), 10 if quick else 20, 60 if quick else 1000, probe)
             lat["answered_seds"] = len(tree["sed_names"])
             return lat
     res = asyncio.run(go())

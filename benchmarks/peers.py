@@ -101,7 +101,7 @@ def run_dask(quick: bool) -> dict:
 
         def many(n):
             client.gather([client.submit(noop, pure=False) for _ in range(n)])
-        res["dask_throughput"] = _rate(many, 500 if quick else 3000, 1 if quick else 3)
+        res["dask_throughput"] = _rate(many, 500 if quick else 2000, 1 if quick else 3)
 
         def rt():
             back = client.submit(echo, arr, pure=False).result()

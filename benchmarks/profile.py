@@ -36,9 +36,11 @@ from .procs import Procs, child_env
 WORKLOADS = ("bound_seq", "discovery_seq", "bound_tp", "discovery_tp", "array_8mb", "discovery_100")
 
 
-def start_spy(pid: int, out: Path, rate: int, subprocesses: bool) -> subprocess.Popen:
+def start_spy(pid: int, out: Path, rate: int, subprocesses: bool, gil: bool = False) -> subprocess.Popen:
     cmd = ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--nolineno", "--nonblocking",
            "--rate", str(rate), "--output", str(out)]
+    if gil:
+        cmd.append("--gil")
     if subprocesses:
         cmd.append("--subprocesses")
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(),
@@ -59,7 +61,7 @@ IDLE_LEAVES = ("EpollSelector.select (selectors.py)", "Connection._recv (multipr
                "select (selectors.py)", "poll (selectors.py)")
 
 
-def analyse(path: Path, rate: int, seconds: float, top: int) -> str:
+def analyse(path: Path, rate: int, seconds: float, top: int, ops: int = 0) -> str:
     """Per-function self and inclusive shares of the *busy* samples (samples
     whose leaf is not a wait in epoll or in a worker's pipe read)."""
     inclusive: collections.Counter = collections.Counter()
@@ -84,19 +86,22 @@ def analyse(path: Path, rate: int, seconds: float, top: int) -> str:
             inclusive[f] += n
     if not busy:
         return f"  samples {total}, none busy"
-    out = [f"  samples {total}, busy {busy} = {100 * busy / (rate * seconds):.0f}% of one core "
-           f"(shares below are of the busy samples)", f"  {'incl%':>6} {'self%':>6}  function"]
+    per_op = busy / rate / ops * 1e6 if ops else 0.0     # sampled CPU microseconds per operation
+    out = [f"  samples {total}, busy {busy} = {100 * busy / (rate * seconds):.0f}% of one core"
+           + (f", ~{per_op:.0f} us per operation" if ops else "")
+           + " (shares below are of the busy samples; us = incl share x us per operation)",
+           f"  {'incl%':>6} {'self%':>6} {'incl us':>8}  function"]
     shown = 0
     for f, n in inclusive.most_common():
         if n >= 0.985 * busy:       # the common roots (<module>, run_forever ...)
             continue
-        out.append(f"  {100 * n / busy:6.1f} {100 * self_[f] / busy:6.1f}  {f}")
+        out.append(f"  {100 * n / busy:6.1f} {100 * self_[f] / busy:6.1f} {per_op * n / busy:8.1f}  {f}")
         shown += 1
         if shown >= top:
             break
     out.append("  -- top self --")
     for f, n in self_.most_common(top // 2):
-        out.append(f"  {100 * inclusive[f] / busy:6.1f} {100 * n / busy:6.1f}  {f}")
+        out.append(f"  {100 * inclusive[f] / busy:6.1f} {100 * n / busy:6.1f} {per_op * inclusive[f] / busy:8.1f}  {f}")
     return "\n".join(out)
 
 
@@ -140,6 +145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--targets", default="client,ma,la,sed")
     ap.add_argument("--top", type=int, default=24)
     ap.add_argument("--out", default=None, help="keep the raw profiles in this directory")
+    ap.add_argument("--gil", action="store_true",
+                    help="only samples holding the GIL: Python work, without time in zmq/pipe calls "
+                         "(which release the GIL) nor waits for the CPU")
     a = ap.parse_args(argv)
     if shutil.which("py-spy") is None:
         print("py-spy not found: pip install py-spy", file=sys.stderr)
@@ -156,7 +164,7 @@ def main(argv=None) -> int:
         bound_to = tree["sed_names"][0]
         # warm up before sampling
         asyncio.run(_workload(a.workload, tree["ma"].address, bound_to, 1.0))
-        spies = {t: start_spy(pids[t], out / f"{a.workload}-{t}.txt", a.rate, t == "sed")
+        spies = {t: start_spy(pids[t], out / f"{a.workload}-{t}.txt", a.rate, t == "sed", a.gil)
                  for t in a.targets.split(",")}
         time.sleep(1.0)         # let py-spy attach
         t0 = time.monotonic()
@@ -168,7 +176,7 @@ def main(argv=None) -> int:
               f"({1e3 * elapsed / max(n, 1):.3f} ms each); bound to {bound_to}")
         for t in spies:
             print(f"\n== {t} (pid {pids[t]}) ==")
-            print(analyse(out / f"{a.workload}-{t}.txt", a.rate, elapsed + 1.0, a.top))
+            print(analyse(out / f"{a.workload}-{t}.txt", a.rate, elapsed + 1.0, a.top, n))
         print(f"\nraw profiles in {out}")
     return 0
 

@@ -127,6 +127,12 @@ ROWS = [
     ("throughput_discovery", "gridrpc: async throughput, with discovery (256 in flight)", "rate",
      ("floor_throughput", "ray_throughput", "dask_throughput")),
     ("array_8mb", "gridrpc: 8 MB numpy echo, bound", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
+    ("discover_4", "diagnostic: discover(add) alone, 4 SeDs", "lat", ("floor_latency", None, None)),
+    ("call_bound_inline", "diagnostic: bound add, SeD --isolation inline", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
+    ("throughput_bound_inline", "diagnostic: bound throughput, SeD --isolation inline", "rate",
+     ("floor_throughput", "ray_throughput", "dask_throughput")),
+    ("array_8mb_inline", "diagnostic: 8 MB echo, SeD --isolation inline", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
     ("discovery_100", "gridrpc: discover(add) over 100 SeDs (10 LAs x 10)", "lat", (None, None, None)),
     ("memory_sed", "gridrpc: idle SeD process (--examples)", "mem", (None, None, None)),
     ("memory_replicas", "gridrpc: cost per extra replica (--replicas 100)", "rep", (None, None, None)),
@@ -180,4 +186,19 @@ def table(res: dict, targets: list[dict], skipped: dict) -> str:
 def targets_table(targets: list[dict]) -> str:
     lines = ["| target | measured | mark |", "|---|---|---|"]
     lines += [f"| {t['target']} | {t['measured']} | {t['status']} |" for t in targets]
+    return "\n".join(lines)
+
+
+def cpu_table(res: dict) -> str:
+    """CPU microseconds per call, by process role (idle rate subtracted)."""
+    roles = ("client", "ma", "la", "sed", "workers")
+    rows = [(item, label) for item, label, _k, _c in ROWS if isinstance(res.get(item), dict)
+            and res[item].get("cpu_us_per_call")]
+    if not rows:
+        return ""
+    lines = ["| CPU µs per call | " + " | ".join(roles) + " | total |", "|---" * (len(roles) + 2) + "|"]
+    for item, label in rows:
+        c = res[item]["cpu_us_per_call"]
+        lines.append(f"| {label} | " + " | ".join(f"{c.get(r, 0):.0f}" for r in roles)
+                     + f" | {sum(c.get(r, 0) for r in roles):.0f} |")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from .procs import REPO, TOKEN, TOKEN_VAR, Procs, sweep
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "floor": ("floor_latency", "floor_throughput", "floor_8mb"),
-    "tree": grid.TREE_ITEMS,
+    "tree": grid.TREE_ITEMS + grid.DIAG_ITEMS,
     "discovery": ("discovery_100",),
     "memory": ("memory_sed", "memory_replicas"),
     "ray": ("ray_call", "ray_throughput", "ray_8mb"),
@@ -180,6 +180,10 @@ def run_cli(a: argparse.Namespace, prog: str = "python -m benchmarks") -> int:
           f"load {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f})\n")
     print(report.table(out["results"], targets, out["skipped"]))
     print()
+    cpu = report.cpu_table(out["results"])
+    if cpu:
+        print(cpu)
+        print()
     print(report.targets_table([t for t in targets if any(t["item"] == i for i in items)]))
     for name, err in out["errors"].items():
         print(f"\nERROR in {name}: {err}")

@@ -627,3 +627,33 @@ def test_own_jobs_cap_the_schedulers_pessimism():
     snap = _snap(free=0, total=4, queue_length=1, est_start=119.0, est_start_known=True)
     assert _tags(snap, num_pending=1, own_pending_cpus=2,
                  own_running=[(1005.0, 2), (1008.0, 2)])["est_wait"] == 8.0
+
+
+def test_restart_resumes_cancels_and_adopts_jobs_that_started(tmp_path):
+    """State left by a SeD killed at awkward moments: a cancel not yet
+    verified is carried out; a job whose sbatch answer was lost but which
+    started (``started.json`` names it) is followed to its end."""
+    fake = FakeBackend()
+    jobs = tmp_path / "shared" / "fsed" / "jobs"
+    for cid in ("to-cancel", "started-unknown"):
+        (jobs / cid).mkdir(parents=True)
+    jid_cancel = fake.submit(JobSpec(script="#!/bin/sh\n", env={"GRIDRPC_CALL_ID": "to-cancel"}))
+    jobfiles.write_json(jobs / "to-cancel" / "meta.json", {
+        "call_id": "to-cancel", "service": "add", "user": "u", "received": time.time(),
+        "state": "cancelling", "job_id": jid_cancel, "cancel_requested": True, "written": True})
+    jobfiles.write_call(jobs / "started-unknown", target="gridrpc.examples.services:add", service="add",
+                        call_id="started-unknown", args=[20, 22], kwargs={})
+    jid_started = fake.submit(JobSpec(script="#!/bin/sh\nx " + str(jobs / "started-unknown") + "\n",
+                                      env={"GRIDRPC_CALL_ID": "started-unknown"}))
+    jobfiles.write_json(jobs / "started-unknown" / "meta.json", {
+        "call_id": "started-unknown", "service": "add", "user": "u", "received": time.time(),
+        "state": "submitting", "written": True})
+    jobfiles.write_json(jobs / "started-unknown" / "started.json", {"job_id": jid_started})
+    with fake_sed(tmp_path, fake) as sed:
+        _wait(lambda: jid_cancel in fake.cancelled, what="the unfinished cancel")
+        _wait(lambda: not (jobs / "to-cancel").exists(), what="its directory to go")
+        assert sed.test_loop.call(sed.jobs)["started-unknown"]["job_id"] == jid_started
+        fake.run(jid_started)
+        _wait(lambda: sed.test_loop.call(sed.jobs).get("started-unknown", {}).get("state") == "done",
+              what="the adopted job's answer to be kept")
+        assert jobfiles.read_reply(jobs / "started-unknown")[0]["value"] == 42

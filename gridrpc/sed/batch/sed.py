@@ -341,19 +341,19 @@ class BatchSeD(SeD):
                 started = _read_started(d)
                 if started.get("job_id"):
                     job.job_id, job.state = str(started["job_id"]), "submitted"
-                else:
-                    job.ended = time.time()
-                    self._keep_reply(job, m.error_header(
-                        cid, "remote", f"batch SeD {self.name} stopped while submitting the job of call "
-                        f"{cid}; whether the scheduler got it is unknown (job name "
-                        f"{self._job_name(job.service)}, directory {d})", type_="BatchJobLost",
-                        server=self.name, timing={"received": job.received, "ended": job.ended}), [])
-                    continue
             if job.cancel_requested:
                 self._cancelling[cid] = job
                 if job.job_id:
                     self._by_job[job.job_id] = job
                 self._start_cancel(job)
+                continue
+            if job.job_id is None:
+                job.ended = time.time()
+                self._keep_reply(job, m.error_header(
+                    cid, "remote", f"batch SeD {self.name} stopped while submitting the job of call "
+                    f"{cid}; whether the scheduler got it is unknown (job name "
+                    f"{self._job_name(job.service)}, directory {d})", type_="BatchJobLost",
+                    server=self.name, timing={"received": job.received, "ended": job.ended}), [])
                 continue
             svc = self.services.get(job.service) or Service(name=job.service, fn=_runs_as_job)
             call = _Call(id=cid, route=[], replica=r, service=svc, args=[], kwargs={}, user=job.user,

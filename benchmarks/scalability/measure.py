@@ -20,65 +20,85 @@ class CpuMeter:
     """CPU use of processes (with their children: a SeD's workers, locust)
     between ``start()`` and ``stop()``, by name, in percent of one core.
 
-    A thread samples every ``interval`` so a process that exits before
-    ``stop()`` still counts with its last sample; children born during the
-    window count from zero."""
+    Cheap on purpose — the meter shares the two cores with what it measures:
+    the process tree is read once per ``rescan`` seconds (one pass over
+    /proc), each sample reads one /proc/PID/stat per process. With
+    ``interval`` a thread samples meanwhile, so a process that exits before
+    ``stop()`` (locust) still counts with its last sample; children born
+    during the window count from zero. Without it, only the two ends are read."""
 
-    def __init__(self, pids: dict[str, int], interval: float = 0.5) -> None:
-        self.procs: dict[str, psutil.Process] = {}
-        for name, pid in pids.items():
-            try:
-                self.procs[name] = psutil.Process(pid)
-            except psutil.NoSuchProcess:
-                pass
+    def __init__(self, pids: dict[str, int], interval: float | None = None, rescan: float = 3.0) -> None:
+        self.roots = dict(pids)
         self.interval = interval
-        self._t0 = 0.0
-        self._wall0 = 0.0
+        self.rescan = rescan
+        self._members: dict[int, tuple[str, psutil.Process]] = {}
+        self._scanned = 0.0
         self._first: dict[int, float] = {}
         self._last: dict[int, float] = {}
-        self._owner: dict[int, str] = {}
-        self._stop = None
-        self._thread = None
+        self._t0 = 0.0
+        self._wall0 = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _scan(self) -> None:
+        children: dict[int, list[int]] = {}
+        for p in psutil.process_iter(["pid", "ppid"]):
+            children.setdefault(p.info["ppid"], []).append(p.info["pid"])
+        for name, root in self.roots.items():
+            todo = [root]
+            while todo:
+                pid = todo.pop()
+                if pid not in self._members:
+                    try:
+                        self._members[pid] = (name, psutil.Process(pid))
+                    except psutil.NoSuchProcess:
+                        continue
+                todo.extend(children.get(pid, ()))
+        self._scanned = time.monotonic()
 
     def _sample(self) -> None:
-        for name, p in self.procs.items():
+        if time.monotonic() - self._scanned > self.rescan:
+            self._scan()
+        for pid, (name, q) in list(self._members.items()):
             try:
-                procs = [p] + p.children(recursive=True)
+                t = q.cpu_times()
             except psutil.NoSuchProcess:
                 continue
-            for q in procs:
+            v = t.user + t.system
+            if pid not in self._first:
                 try:
-                    t = q.cpu_times()
-                    created = q.create_time()
+                    born_inside = q.create_time() >= self._wall0
                 except psutil.NoSuchProcess:
-                    continue
-                v = t.user + t.system
-                if q.pid not in self._first:
-                    self._first[q.pid] = 0.0 if created >= self._wall0 else v
-                    self._owner[q.pid] = name
-                self._last[q.pid] = v
+                    born_inside = False
+                self._first[pid] = 0.0 if born_inside else v
+            self._last[pid] = v
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self._sample()
 
     def start(self) -> None:
-        self._first, self._last, self._owner = {}, {}, {}
+        self._first, self._last = {}, {}
         self._t0 = time.monotonic()
         self._wall0 = time.time()
+        self._scan()
         self._sample()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._stop.clear()
+        if self.interval:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
 
     def stop(self) -> dict[str, float]:
-        self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        self._scanned = 0.0           # catch children born since the last scan
         self._sample()
         dt = max(1e-6, time.monotonic() - self._t0)
-        out = {n: 0.0 for n in self.procs}
+        out = {n: 0.0 for n in self.roots}
         for pid, v in self._last.items():
-            out[self._owner[pid]] += max(0.0, v - self._first[pid])
+            out[self._members[pid][0]] += max(0.0, v - self._first[pid])
         return {n: 100.0 * v / dt for n, v in out.items()}
 
 
@@ -139,8 +159,7 @@ def load_step(ma: str, users: int, seconds: float, max_requests: int, mix: str, 
     # CPU is sampled in the middle of the run: locust needs ~2 s to import and
     # connect (users start at once: spawn rate = users); the last second is wind-down
     time.sleep(2.5)
-    m = CpuMeter({**{n: p_.pid for n, p_ in meter.procs.items()},
-                  **({"locust": locust_pid} if locust_pid else {})})
+    m = CpuMeter({**meter.roots, **({"locust": locust_pid} if locust_pid else {})}, interval=1.0)
     m.start()
     time.sleep(max(1.0, seconds - 2.5))
     cpu = m.stop()

@@ -59,6 +59,7 @@ def plot(data: dict[str, dict], outdir: str) -> list[str]:
             ax.set_xscale("log")
             if key == "unfairness":
                 ax.set_yscale("symlog", linthresh=0.05)
+                ax.set_ylim(bottom=0)
             ax.set_xlabel("n_submit (legacy clients)")
             ax.set_title(label)
             ax.grid(alpha=0.3)

@@ -28,7 +28,7 @@ def points(runs: int, scale: float, scale_big: float, runs_big: int) -> list[tup
         for ns in N_SUBMIT:
             pts.append((f"{sc}.legacy-{ns}", EthicConfig(scenario=sc, runs=runs, time_scale=scale,
                                                          legacy=True, n_submit=ns)))
-    for acc in ("cumulative",):
+    for acc in ("cumulative", "virtual"):
         pts.append((f"scale.ethic-{acc}", EthicConfig(scenario="night-simultaneous", seds=138, clients=100,
                                                       n_max=10000, runs=runs_big, time_scale=scale_big,
                                                       accounting=acc, sed_processes=2)))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,7 +125,7 @@ class Procs:
         names = wait_registered(ma.address, len(seds) * replicas, timeout)
         return {"ma": ma, "las": la_procs, "seds": seds, "sed_names": names}
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: bool = False) -> None:
         for p in reversed(self.procs):
             try:
                 p.stop()
@@ -132,12 +133,14 @@ class Procs:
                 pass
         self.procs.clear()
         sweep()
+        if not keep_logs:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "Procs":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.stop(keep_logs=exc_type is not None)      # logs of a failed run stay for a look
 
 
 def wait_registered(ma: str, n: int, timeout: float) -> list[str]:

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
             tree = procs.tree(las=10, seds_per_la=1, replicas=10, timeout=120)
         else:
             tree = procs.tree(las=2, seds_per_la=2)
-        out = out or procs.tmp
+        out = out or Path(tempfile.mkdtemp(prefix="gridrpc-profile-"))
         out.mkdir(parents=True, exist_ok=True)
         pids = {"client": os.getpid(), "ma": tree["ma"].pid, "la": tree["las"][0].pid, "sed": tree["seds"][0].pid}
         bound_to = tree["sed_names"][0]

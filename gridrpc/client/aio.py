@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import itertools
 import logging
 import os
 import time
@@ -180,9 +181,13 @@ class AsyncClient:
     # -- calls ------------------------------------------------------------
     async def call(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
                    timeout: float | None = None, aggregator: Any = None, **kwargs):
-        call = self.submit_nowait(service, *args, optional=optional, server=server, timeout=timeout,
-                                  aggregator=aggregator, **kwargs)
-        return await call
+        """Call and wait for the result (no Task or Future per call: the fast path)."""
+        if self.closed:
+            raise CommunicationError("client is closed")
+        call = Call(self, service, self.loop)
+        call.optional = optional
+        return await self._run(call, args, kwargs, server, timeout if timeout is not None else self.timeout,
+                               aggregator)
 
     async def submit(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
                      timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
@@ -431,5 +436,17 @@ def _remaining(deadline: float | None, cap: float | None) -> float | None:
     return left if cap is None else min(left, cap)
 
 
+_ID_PREFIX = uuid.uuid4().hex[:16]       # random per process: ids stay unique across clients
+_ID_COUNTER = itertools.count(1)
+
+
+def _reseed_ids() -> None:
+    global _ID_PREFIX, _ID_COUNTER       # a forked child must not reuse its parent's ids
+    _ID_PREFIX, _ID_COUNTER = uuid.uuid4().hex[:16], itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reseed_ids)
+
+
 def _new_id() -> str:
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):x}"

@@ -26,7 +26,7 @@ class Call:
         self._client = client
         self.service = service
         self._loop = loop
-        self._cf: cf.Future = cf.Future()
+        self._cf: cf.Future | None = None       # created when submitted (not for direct awaits)
         self._task: asyncio.Task | None = None
         self.server: str | None = None          # name of the SeD it was sent to
         self.address: str | None = None
@@ -38,6 +38,7 @@ class Call:
 
     # set by the client
     def _bind(self, task: asyncio.Task) -> None:
+        self._cf = cf.Future()
         self._task = task
         task.add_done_callback(self._mirror)
 

@@ -79,7 +79,7 @@ class Client:
         return self._run(_submit())
 
     def call(self, service: str, *args, **kwargs):
-        return self.submit(service, *args, **kwargs).result()
+        return self._run(self._aclient.call(service, *args, **kwargs))
 
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "Handle":
         return Handle(self, service, server)

@@ -7,6 +7,7 @@ deadline, never blocks the answer.
 """
 from __future__ import annotations
 
+import collections
 import random
 from dataclasses import dataclass, field
 
@@ -46,7 +47,8 @@ class DiscoveryTable:
         self.pending: dict[str, Pending] = {}
         self.remember = remember
         self.memory = memory
-        self.recent: dict[str, list[float]] = {}
+        self.recent: dict[str, collections.deque] = {}
+        self._last_sweep = 0.0
 
     def start(self, id_: str, reply_to: object, children: list[str], k: int,
               aggregator: Aggregator, deadline: float, now: float = 0.0) -> Done | None:
@@ -92,21 +94,30 @@ class DiscoveryTable:
         servers = self._with_recent(p.servers, now) if self.remember else p.servers
         ranked = p.aggregator.rank(servers, self.rng)[: p.k] if servers else []
         if self.remember and ranked:
-            self.recent.setdefault(ranked[0]["name"], []).append(now)
+            self.recent.setdefault(ranked[0]["name"], collections.deque()).append(now)
         return Done(id=p.id, reply_to=p.reply_to, servers=ranked, answered=p.answered,
                     timed_out=sorted(p.waiting))
 
+    def _recent_times(self, name: str, horizon: float):
+        ts = self.recent.get(name)
+        if ts is None:
+            return ()
+        while ts and ts[0] < horizon:          # times are appended in order: drop from the left
+            ts.popleft()
+        if not ts:
+            del self.recent[name]
+            return ()
+        return ts
+
     def _with_recent(self, servers: list[dict], now: float) -> list[dict]:
         horizon = now - self.memory
-        for name, ts in list(self.recent.items()):     # forget old choices (the lists would grow forever)
-            kept = [t for t in ts if t >= horizon]
-            if kept:
-                self.recent[name] = kept
-            else:
-                del self.recent[name]
+        if now - self._last_sweep > self.memory:      # now and then, forget servers never ranked again
+            self._last_sweep = now
+            for name in list(self.recent):
+                self._recent_times(name, horizon)
         out = []
         for s in servers:
-            ts = self.recent.get(s["name"], ())
+            ts = self._recent_times(s["name"], horizon)
             if ts:
                 est = dict(s["estimation"]) if isinstance(s.get("estimation"), dict) else {}
                 since = now - ts[-1]

@@ -59,6 +59,7 @@ class _Call:
     started: float | None = None
     task: asyncio.Task | None = None
     state: str = "queued"
+    ack_timer: asyncio.TimerHandle | None = None
     options: dict = field(default_factory=dict)    # per-call options of a SeD variant (batch: _batch)
 
 
@@ -78,6 +79,7 @@ class SeD:
     """A server daemon offering services. See the README for the decorator API."""
 
     server_type = "serial"
+    ack_delay = 0.02        # s; 0 = acknowledge every call at once (batch and cloud SeDs)
 
     def __init__(self, name: str, parent: str | None = None, *, address: str = "tcp://127.0.0.1:0",
                  max_concurrent: int = 1, queue: str = "fcfs", replicas: int = 1,
@@ -369,9 +371,19 @@ class SeD:
         self.stats["calls"] += 1
         r.last_solve = now
         log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, user, " (optional)" if optional else "")
-        self._send(route, m.make(MsgType.ACCEPTED, cid, sed=r.name))
         self._apply(r, r.scheduler.submit(Request(id=cid, user=user, service=svc.name, optional=optional,
                                                   submitted=now), now))
+        if self.ack_delay > 0 and call.state == "running" and cid in self.calls:
+            # a call that starts at once and ends quickly needs no separate ACCEPTED:
+            # the RESULT acknowledges it (one message less per call)
+            call.ack_timer = asyncio.get_running_loop().call_later(self.ack_delay, self._send_ack, call)
+        elif cid in self.calls:
+            self._send(route, m.make(MsgType.ACCEPTED, cid, sed=r.name))
+
+    def _send_ack(self, call: _Call) -> None:
+        call.ack_timer = None
+        if call.id in self.calls:
+            self._send(call.route, m.make(MsgType.ACCEPTED, call.id, sed=call.replica.name))
 
     def _on_cancel(self, route: list, h: dict) -> None:
         cid = h["id"]
@@ -489,6 +501,8 @@ class SeD:
     def _finish_call(self, call: _Call, header: dict, buffers: list = ()) -> None:
         if self.calls.pop(call.id, None) is None:
             return
+        if call.ack_timer is not None:
+            call.ack_timer.cancel()
         frames = [m.dumps(header), *buffers]
         self.recent[call.id] = frames if sum(len(b) for b in buffers) < 1 << 20 else [m.dumps(header)]
         while len(self.recent) > 512:

@@ -112,6 +112,7 @@ class Channel:
         self.name = name
         self._fd = sock.getsockopt(zmq.FD)
         self._check_scheduled = False
+        self._draining = False
         self.closed = False
         self.loop.add_reader(self._fd, self._drain)
         self._schedule_check()
@@ -129,7 +130,8 @@ class Channel:
                 raise CommunicationError(f"{self.name}: peer gone") from exc
             raise CommunicationError(f"{self.name}: send failed: {exc}") from exc
         finally:
-            self._schedule_check()
+            if not self._draining:      # a drain in progress reads until EAGAIN anyway
+                self._schedule_check()
 
     def _schedule_check(self) -> None:
         if not self._check_scheduled and not self.closed:
@@ -139,22 +141,24 @@ class Channel:
     def _drain(self) -> None:
         self._check_scheduled = False
         sock = self.sock
-        for _ in range(10000):        # bounded so one busy socket cannot starve the loop
-            if self.closed:
-                return
-            try:
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        self._draining = True
+        try:
+            for _ in range(10000):    # bounded so one busy socket cannot starve the loop
+                if self.closed:
                     return
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:
-                log.warning("%s: receive failed: %s", self.name, exc)
-                return
-            try:
-                self.on_message(frames)
-            except Exception:  # a handler bug must not kill the daemon
-                log.exception("%s: error while handling a message", self.name)
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                except zmq.ZMQError as exc:
+                    log.warning("%s: receive failed: %s", self.name, exc)
+                    return
+                try:
+                    self.on_message(frames)
+                except Exception:  # a handler bug must not kill the daemon
+                    log.exception("%s: error while handling a message", self.name)
+        finally:
+            self._draining = False
         self._schedule_check()
 
     def close(self) -> None:

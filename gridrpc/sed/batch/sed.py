@@ -146,6 +146,7 @@ class BatchSeD(SeD):
     ``make_backend(config.scheduler, **config.backend_options())``."""
 
     server_type = "batch"
+    ack_delay = 0.0         # acknowledge at once: clients learn the patience/relay state
     result_grace = 5.0      # seconds a COMPLETED job's result file may take to appear (NFS caches)
 
     def __init__(self, name: str, parent: str | None = None, *, config: BatchConfig | None = None,

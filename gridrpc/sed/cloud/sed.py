@@ -74,6 +74,7 @@ class CloudSeD(SeD):
     ``make_provider(config.provider_config())`` (built in a thread at start)."""
 
     server_type = "cloud"
+    ack_delay = 0.0         # acknowledge at once: clients learn the patience/relay state
 
     def __init__(self, name: str, parent: str | None = None, *, config: CloudConfig,
                  provider: CloudProvider | None = None, address: str = "tcp://127.0.0.1:0",

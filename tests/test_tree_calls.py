@@ -297,3 +297,16 @@ def test_discover_zero_servers(client):
     assert client.discover("add", max_servers=0) == []
     with pytest.raises(gridrpc.ServiceNotFound):
         client.discover("not_offered", max_servers=0)
+
+
+def test_large_arrays_through_shared_memory_leave_nothing(client):
+    import os
+    before = set(os.listdir("/dev/shm"))
+    a = np.random.default_rng(3).random(600_000)          # 4.8 MB: shared-memory path to the worker
+    for _ in range(3):
+        back = client.call("echo", a)
+        assert np.array_equal(back, a) and back.flags.writeable
+    b = np.arange(300_000, dtype=">i8").reshape(1000, 300)
+    assert client.call("dgemm", b[:, :2].T.astype(float), b[:, :2].astype(float)).shape == (2, 2)
+    leaked = set(os.listdir("/dev/shm")) - before
+    assert not {n for n in leaked if n.startswith("psm_")}, leaked

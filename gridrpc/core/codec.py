@@ -125,16 +125,18 @@ def _descr(d):
     return out
 
 
-def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | None = None) -> Any:
-    """Inverse of :func:`encode`. ``buffers`` are bytes-like objects (zmq frames' buffers)."""
+def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | None = None,
+           copy: bool = True) -> Any:
+    """Inverse of :func:`encode`. ``buffers`` are bytes-like objects (zmq frames' buffers).
+    ``copy=False`` returns arrays as read-only views on the buffers."""
     t = type(tree)
     if t is list:
-        return [decode(v, buffers, file_writer) for v in tree]
+        return [decode(v, buffers, file_writer, copy) for v in tree]
     if t is not dict:
         return tree
     tag = tree.get("__t")
     if tag is None:
-        return {k: decode(v, buffers, file_writer) for k, v in tree.items()}
+        return {k: decode(v, buffers, file_writer, copy) for k, v in tree.items()}
     try:
         if tag == "f":
             return float(tree["v"])
@@ -143,9 +145,9 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
         if tag == "c":
             return complex(decode(tree["re"], buffers), decode(tree["im"], buffers))
         if tag == "t":
-            return tuple(decode(v, buffers, file_writer) for v in tree["v"])
+            return tuple(decode(v, buffers, file_writer, copy) for v in tree["v"])
         if tag == "d":
-            return {_hashable(decode(k, buffers, file_writer)): decode(v, buffers, file_writer)
+            return {_hashable(decode(k, buffers, file_writer, copy)): decode(v, buffers, file_writer, copy)
                     for k, v in tree["v"]}
         if tag == "b":
             return bytes(buffers[_index(tree)])
@@ -157,7 +159,9 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
             shape = tuple(int(s) for s in tree["shape"])
             buf = buffers[_index(tree)]
             arr = np.frombuffer(buf, dtype=dtype) if len(memoryview(buf)) else np.empty(0, dtype)
-            arr = arr.reshape(shape, order=tree.get("order", "C")).copy(order="K")
+            arr = arr.reshape(shape, order=tree.get("order", "C"))
+            if copy or tag == "ns":   # copy=False: read-only view on the frame (the SeD hands it to a worker)
+                arr = arr.copy(order="K")
             return arr[()] if tag == "ns" else arr
         if tag == "file":
             ref = FileRef(name=str(tree["name"]), data=buffers[_index(tree)])

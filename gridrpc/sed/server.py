@@ -348,8 +348,9 @@ class SeD:
         try:
             workdir = self._call_workdir(cid)
             sink = FileSink(workdir, as_path=True)
-            args = codec.decode(h["args"], buffers, sink)
-            kwargs = codec.decode(h["kwargs"], buffers, sink)
+            copy = self.isolation != "process"      # workers get their own writable copies
+            args = codec.decode(h["args"], buffers, sink, copy)
+            kwargs = codec.decode(h["kwargs"], buffers, sink, copy)
             if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
                 raise ProtocolError("kwargs must map names to values")
             kwargs, options = self._call_options(svc, kwargs)

@@ -235,6 +235,12 @@ def test_replicas_register_and_serve():
             assert {x.server for x in calls} <= set(t.sed_names())
             assert len({x.server for x in calls}) >= 4
         assert len(t.seds) == 1                   # one process object holding 5 SeDs
+        la = t.las[0]
+        groups = t.lt.call(lambda: la._by_process(la.registry.offering("add")))
+        assert groups == [sorted(t.sed_names())] or [sorted(g) for g in groups] == [sorted(t.sed_names())]
+        # one discovery message per process, answered once for all replicas
+        with gridrpc.Client(t.ma_address) as c:
+            assert sorted(s.name for s in c.discover("add", max_servers=100)) == sorted(t.sed_names())
 
 
 def test_failover_to_next_candidate_when_chosen_sed_is_gone():

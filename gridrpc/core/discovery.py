@@ -59,12 +59,17 @@ class DiscoveryTable:
         self.pending[id_] = p
         return None
 
-    def answer(self, id_: str, child: str, servers: list[dict], now: float = 0.0) -> Done | None:
+    def answer(self, id_: str, child: str, servers: list[dict], now: float = 0.0,
+               names: list | None = None) -> Done | None:
+        """``names``: the children this one answer speaks for (replicas of one
+        SeD process answer together); default just ``child``."""
         p = self.pending.get(id_)
-        if p is None or child not in p.waiting:
+        covered = [n for n in (names if names else [child]) if n in p.waiting] if p else []
+        if not covered:
             return None            # late or duplicate answer
-        p.waiting.discard(child)
-        p.answered += 1
+        for n in covered:
+            p.waiting.discard(n)
+        p.answered += len(covered)
         p.servers.extend(s for s in servers if isinstance(s, dict) and "name" in s)
         if not p.waiting:
             del self.pending[id_]

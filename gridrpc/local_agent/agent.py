@@ -155,7 +155,8 @@ class Agent:
                 log.info("%s: child %s left", self.name, h["name"])
                 self._child_lost(h["name"])
         elif mt is MsgType.SERVERS:
-            self._finish(self.discoveries.answer(h["id"], h.get("name", ""), h["servers"], now))
+            names = h.get("names") if isinstance(h.get("names"), list) else None
+            self._finish(self.discoveries.answer(h["id"], h.get("name", ""), h["servers"], now, names))
         elif mt is MsgType.DISCOVER:
             self._discover(h, ("router", route))
         elif mt is MsgType.SERVICES:
@@ -221,13 +222,14 @@ class Agent:
         fid = f"{self.name}:{next(self._ids)}"
         fwd = dict(h, id=fid, budget_ms=child_budget_ms, k=k)
         sent = []
-        for c in children:
-            child = self.registry.children.get(c)
+        for group in self._by_process(children):
+            child = self.registry.children.get(group[0])
+            msg = dict(fwd, names=group) if len(group) > 1 else fwd
             try:
-                self.router.send([child.route, m.dumps(fwd)])
-                sent.append(c)
+                self.router.send([child.route, m.dumps(msg)])
+                sent.extend(group)
             except Exception as exc:
-                log.debug("%s: discovery to %s failed: %s", self.name, c, exc)
+                log.debug("%s: discovery to %s failed: %s", self.name, group[0], exc)
         now = time.monotonic()
         done = self.discoveries.start(fid, (reply_to, h["id"], service, k), sent, k, agg,
                                       now + budget, now)
@@ -235,6 +237,16 @@ class Agent:
             self._finish(done)
         else:
             self._arm_timer()
+
+    def _by_process(self, names: list[str]) -> list[list[str]]:
+        """SeD replicas of one process (same address and pid) get one
+        discovery message naming them all and answer it with one message."""
+        groups: dict[tuple, list[str]] = {}
+        for n in names:
+            info = self.registry.children[n].info
+            key = (info.get("address"), info.get("pid")) if info.get("kind") == "sed" else (n,)
+            groups.setdefault(key, []).append(n)
+        return list(groups.values())
 
     def _arm_timer(self) -> None:
         nd = self.discoveries.next_deadline()

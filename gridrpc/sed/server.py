@@ -244,12 +244,19 @@ class SeD:
 
     def _on_parent(self, r: Replica, mt: MsgType, h: dict, frames: list) -> None:
         if mt is MsgType.DISCOVER:
+            # the agent may ask for all replicas of this process at once
+            names = h.get("names") if isinstance(h.get("names"), list) else [r.name]
+            mine = [self.replicas[n] for n in names if n in self.replicas] or [r]
             servers = []
             svc = self.services.get(h["service"])
             if svc is not None:
-                servers.append({"name": r.name, "address": self.address,
-                                "estimation": self.estimate(r, svc, h.get("args") or [])})
-            r.link.send(m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers))
+                for rep in mine:
+                    servers.append({"name": rep.name, "address": self.address,
+                                    "estimation": self.estimate(rep, svc, h.get("args") or [])})
+            reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
+            if len(mine) > 1:
+                reply["names"] = [rep.name for rep in mine]
+            r.link.send(reply)
         elif mt is MsgType.PING:
             r.link.send(m.make(MsgType.PONG, h["id"], name=r.name))
 

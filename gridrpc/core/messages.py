@@ -109,6 +109,15 @@ def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
     return mt, h
 
 
+def parse_routed(frames: list) -> tuple[list, MsgType, dict, list]:
+    """A message received on a ROUTER: ``(route, type, header, buffers)``.
+    Raises ProtocolError (the caller answers it) when malformed."""
+    if len(frames) < 2:
+        raise ProtocolError("empty message: a header frame is required")
+    mt, h = parse_header(frames[1].bytes if hasattr(frames[1], "bytes") else frames[1])
+    return frames[:1], mt, h, frames[2:]
+
+
 def error_header(id_: str, kind: str, message: str, *, type_: str = "", traceback: str = "",
                  **extra: Any) -> dict:
     return make(MsgType.ERROR, id_, error={"kind": kind, "type": type_ or kind,

@@ -129,13 +129,10 @@ class Agent:
             log.debug("%s: reply failed: %s", self.name, exc)
 
     def _on_router(self, frames: list) -> None:
-        route, body = frames[:1], frames[1:]
-        if not body:
-            self.stats["bad_messages"] += 1
-            return
         try:
-            mt, h = m.parse_header(body[0].bytes)
+            route, mt, h, _ = m.parse_routed(frames)
         except ProtocolError as exc:
+            route = frames[:1]
             self.stats["bad_messages"] += 1
             log.warning("%s: rejected message: %s", self.name, exc)
             self._reply(route, m.error_header("", "protocol", str(exc)))

@@ -288,19 +288,16 @@ class SeD:
             log.info("SeD %s: could not answer %s: %s", self.name, header.get("id"), exc)
 
     def _on_router(self, frames: list) -> None:
-        route, body = frames[:1], frames[1:]
-        if not body:
-            self.stats["bad_messages"] += 1
-            return
         try:
-            mt, h = m.parse_header(body[0].bytes)
+            route, mt, h, buffers = m.parse_routed(frames)
         except ProtocolError as exc:
+            route = frames[:1]
             self.stats["bad_messages"] += 1
             log.warning("SeD %s: rejected message: %s", self.name, exc)
             self._send(route, m.error_header("", "protocol", str(exc)))
             return
         if mt is MsgType.CALL:
-            self._on_call(route, h, body[1:])
+            self._on_call(route, h, buffers)
         elif mt is MsgType.CANCEL:
             self._on_cancel(route, h)
         elif mt is MsgType.PING:

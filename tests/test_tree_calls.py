@@ -169,6 +169,8 @@ def test_cancel_queued_and_running_frees_server(tree, client):
 
 def test_call_timeout_cancels_on_server(tree, client):
     name = tree.sed_names()[2]
+    with pytest.raises(gridrpc.Timeout, match="timed out"):
+        client.call("sleep", 30, server=name, timeout=0.5)
     with pytest.raises(gridrpc.Timeout):
         client.submit("sleep", 30, server=name, timeout=0.5).result()
     sed = next(s for s in tree.seds if name in s.replicas)

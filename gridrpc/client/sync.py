@@ -44,6 +44,8 @@ class Client:
         try:
             return fut.result(timeout)
         except cf.TimeoutError:
+            if fut.done():          # the operation's own Timeout (also a TimeoutError): as is
+                raise
             fut.cancel()
             raise Timeout(f"operation not finished after {timeout}s") from None
 

@@ -59,7 +59,7 @@ def shapes_for(n: int, spec: str | None, max_procs: int) -> list[Shape]:
 
 def run_config(n: int, shape: Shape, a, log) -> dict:
     res: dict = {"n": n, "shape": shape.name, "levels": shape.levels, "d": shape.d,
-                 "loadavg_before": os.getloadavg()[0]}
+                 "loadavg_before": os.getloadavg()[0], "git": git_version()}
     work = tmpdir(f"gridrpc-scal-{shape.name}-{n}-")
     t0 = time.monotonic()
     with TreeProcs(shape, n, work, hb=(a.hb_interval, a.hb_timeout)) as tree:
@@ -313,10 +313,24 @@ def _plot(data: dict, a) -> None:
         print(f"plot: {p}")
 
 
+def git_version() -> str:
+    """HEAD, and whether gridrpc/ differs from it: the tree's processes run
+    the working copy, which others may be editing."""
+    import subprocess
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "gridrpc"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+uncommitted gridrpc/ changes" if dirty else "")
+
+
 def meta(argv) -> dict:
     import zmq
     import psutil
-    return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "git": git_version(),
             "command": "python -m benchmarks.scalability " + " ".join(argv if argv is not None else sys.argv[1:]),
             "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),

@@ -117,8 +117,10 @@ class TreeProcs:
     them all by PID (children first)."""
 
     def __init__(self, shape: Shape, n: int, workdir: Path, hb: tuple[float, float] = (1.0, 5.0),
-                 services: tuple[str, ...] = ("gridrpc.examples.services:noop", "gridrpc.examples.services:add")):
+                 services: tuple[str, ...] = ("gridrpc.examples.services:noop", "gridrpc.examples.services:add"),
+                 env: dict | None = None):
         self.shape, self.n, self.workdir, self.hb, self.services = shape, n, Path(workdir), hb, services
+        self.env = env            # e.g. PYTHONPATH of another checkout (benchmarks.scalability.ab)
         self.procs: list[Proc] = []
         self.by_name: dict[str, Proc] = {}
 
@@ -154,7 +156,8 @@ class TreeProcs:
             for s in self.services:
                 cmd += ["--service", s]
         with open(log, "wb") as out:
-            popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **self.env} if self.env else None)
         p = Proc(e, popen, ready, log)
         self.procs.append(p)
         self.by_name[e.name] = p

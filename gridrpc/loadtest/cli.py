@@ -123,10 +123,11 @@ def _check(a) -> None:
 
 
 def _with_deployment(a, path: Path) -> int:
+    from ..deploy.runner import Deployment
     from ..deploy.spec import load
     try:
         spec = load(path)
-        dep = _make_deployment(spec, state_dir=tempfile.mkdtemp(prefix="gridrpc-loadtest-"))
+        dep = Deployment(spec, state_dir=tempfile.mkdtemp(prefix="gridrpc-loadtest-"))
     except GridRPCError as exc:
         print(f"gridrpc loadtest: {exc}", file=sys.stderr)
         return 2
@@ -140,43 +141,6 @@ def _with_deployment(a, path: Path) -> int:
     finally:
         dep.down(quiet=True)
         dep.close()
-
-
-def _deployment_class():
-    from ..deploy.runner import Deployment
-
-    class LoadDeployment(Deployment):
-        """Waits for SeD replicas by their names (NAME-1..N): the stock
-        ``_wait_registered`` waits for the process name, which a SeD with
-        ``replicas > 1`` never registers under."""
-
-        def _wait_registered(self) -> None:
-            from ..client import Client
-            want = set()
-            for e in self.spec.elements:
-                r = int(e.options.get("replicas") or 1) if e.kind == "sed" else 1
-                w = len(str(r))
-                want |= {e.name} if r == 1 else {f"{e.name}-{i:0{w}d}" for i in range(1, r + 1)}
-            deadline = time.monotonic() + self.register_timeout
-            with Client(self.addresses[self.spec.ma.name], discovery_timeout=3) as c:
-                while True:
-                    try:
-                        seen = {el["name"] for el in c.tree() if el.get("state", "alive") == "alive"}
-                    except GridRPCError:
-                        seen = set()
-                    if want <= seen:
-                        self.progress(f"  registered at the MA: {len(want)}/{len(want)}")
-                        return
-                    if time.monotonic() > deadline:
-                        missing = sorted(want - seen)
-                        raise GridRPCError(f"not registered at the MA after {self.register_timeout:.0f}s: "
-                                           + ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
-                    time.sleep(0.1)
-    return LoadDeployment
-
-
-def _make_deployment(spec, **kw):
-    return _deployment_class()(spec, **kw)
 
 
 def locust_env(a, address: str, summary: str, max_requests: int) -> dict:

@@ -172,6 +172,8 @@ def test_headless_run_counts_failures_and_latency_matches(small_tree, tmp_path):
     assert abs(add["median_ms"] - own["median_ms"]) <= 1.0 + 0.1 * own["median_ms"]   # locust rounds
     # vs a plain client, measured before and after: same order of magnitude
     # (a blocked gevent hub would add whole scheduling slices or time out)
+    print(f"add median: plain Client {before:.2f} / {after:.2f} ms, green client {own['median_ms']:.2f} ms, "
+          f"locust {add['median_ms']} ms")
     lo, hi = min(before, after), max(before, after)
     assert lo / 3 - 1 <= own["median_ms"] <= 3 * hi + 2, (before, after, own)
     assert not _locust_children()

@@ -2,8 +2,8 @@
 discovery latency, call throughput under locust load until saturation, and
 the CPU use of every element. See docs/scalability.md.
 
-    python -m benchmarks.scalability                       # the full study (~30 min here)
-    python -m benchmarks.scalability --quick               # small sizes, 2 load steps (~3 min)
+    python -m benchmarks.scalability                       # the full study (24 min here)
+    python -m benchmarks.scalability --quick               # sizes 1, 10, 50; 2 load steps
     python -m benchmarks.scalability --sizes 500 --shapes flat,L2-4
     python -m benchmarks.scalability --plot-only           # redraw the PNGs from the JSON
     python -m benchmarks.scalability --compare 500 --shapes flat,L2-2,L2-4,L3-2

@@ -29,6 +29,7 @@ class ChildRegistry:
         self.children: dict[str, Child] = {}
         self.version = 0              # bumped on every change of the subtree's shape or services
         self._by_service: dict[str, list[str]] | None = None
+        self._services: dict[str, dict] | None = None
 
     # -- inputs -----------------------------------------------------------
     def register(self, route: bytes, header: dict, now: float) -> None:
@@ -91,12 +92,17 @@ class ChildRegistry:
         return self._by_service.get(service, [])
 
     def services(self) -> dict[str, dict]:
+        """Union of the children's services (cached until the subtree changes;
+        do not modify the result)."""
+        if self._services is not None:
+            return self._services
         out: dict[str, dict] = {}
         for c in self.children.values():
             for s, meta in c.services.items():
                 entry = out.setdefault(s, dict(meta))
                 if "aggregator" in meta and "aggregator" not in entry:   # any declaring child wins
                     entry["aggregator"] = meta["aggregator"]
+        self._services = out
         return out
 
     def catalogue(self) -> dict[str, dict]:
@@ -127,6 +133,7 @@ class ChildRegistry:
     def _changed(self) -> None:
         self.version += 1
         self._by_service = None
+        self._services = None
 
 
 def _shape(elements: list[dict]) -> Any:

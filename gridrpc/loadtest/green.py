@@ -43,6 +43,7 @@ import zmq.green as zmqg
 
 from ..client.call import ServerInfo
 from ..core import codec
+from ..transport.channel import configure_context
 from ..core import messages as m
 from ..core.messages import MsgType
 from ..errors import (CommunicationError, GridRPCError, NoServerAvailable, ProtocolError,
@@ -56,12 +57,7 @@ def context() -> zmqg.Context:
     """The process's green zmq context (separate from the asyncio one)."""
     global _ctx
     if _ctx is None or _ctx.closed:
-        _ctx = zmqg.Context()
-        _ctx.setsockopt(zmq.LINGER, 0)
-        try:
-            _ctx.set(zmq.MAX_SOCKETS, 65536)
-        except zmq.ZMQError:  # pragma: no cover
-            pass
+        _ctx = configure_context(zmqg.Context())
     return _ctx
 
 

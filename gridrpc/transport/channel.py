@@ -30,13 +30,18 @@ _ctx: zmq.Context | None = None
 def context() -> zmq.Context:
     global _ctx
     if _ctx is None or _ctx.closed:
-        _ctx = zmq.Context()
-        _ctx.setsockopt(zmq.LINGER, 0)
-        try:
-            _ctx.set(zmq.MAX_SOCKETS, 65536)
-        except zmq.ZMQError:  # pragma: no cover
-            pass
+        _ctx = configure_context(zmq.Context())
     return _ctx
+
+
+def configure_context(ctx):
+    """Options every gridrpc context gets (also the green one of the load tests)."""
+    ctx.setsockopt(zmq.LINGER, 0)
+    try:
+        ctx.set(zmq.MAX_SOCKETS, 65536)
+    except zmq.ZMQError:  # pragma: no cover
+        pass
+    return ctx
 
 
 def format_tcp(host: str, port: int) -> str:

@@ -20,7 +20,6 @@ import logging
 import os
 import random
 import shutil
-import signal
 import socket
 import tempfile
 import time

@@ -261,12 +261,12 @@ class WorkerPool:
 
     def _readable(self, w: _Worker) -> None:
         try:
-            call_id, ok, value = recv_obj(w.conn)
+            _call_id, ok, value = recv_obj(w.conn)
         except (EOFError, OSError, ConnectionError):
             self._died(w)
             return
         except Exception as exc:  # result could not be unpickled
-            call_id, ok, value = w.call_id, False, (type(exc).__name__, str(exc), "")
+            ok, value = False, (type(exc).__name__, str(exc), "")
         fut = w.future
         self._release(w)
         if fut is not None and not fut.done():

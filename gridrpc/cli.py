@@ -22,6 +22,8 @@ def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--ready-file", help="write {name, address, pid} as JSON here once serving")
     p.add_argument("--log-level", default=os.environ.get("GRIDRPC_LOG", "INFO"),
                    help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS",
+                   help="register an aggregator class (repeatable); requests may then name it")
 
 
 def _child_opts(p: argparse.ArgumentParser) -> None:
@@ -129,6 +131,8 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     address = f"tcp://{a.host}:{a.port}"
     hb = dict(hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
     try:
+        from .plugins import load_aggregator_plugins
+        load_aggregator_plugins(a.plugin)
         if a.cmd == "ma":
             from .master_agent import MasterAgent
             d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host, **hb)

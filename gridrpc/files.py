@@ -8,6 +8,7 @@ download directory.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -59,7 +60,9 @@ class FileSink:
     def __call__(self, ref: FileRef):
         d = self.directory or tempfile.mkdtemp(prefix="gridrpc-files-")
         os.makedirs(d, exist_ok=True)
-        name = os.path.basename(ref.name) or "file"
+        # the sender's file name is kept only as a hint (the extension matters to
+        # solvers): safe characters, bounded; the path itself is chosen here
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(str(ref.name)))[-64:].lstrip(".") or "file"
         fd, path = tempfile.mkstemp(prefix="", suffix="-" + name, dir=d)
         with os.fdopen(fd, "wb") as fh:
             fh.write(ref.data)

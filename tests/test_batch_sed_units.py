@@ -386,7 +386,9 @@ def test_call_runs_through_the_files(tmp_path):
         call = c.submit("add", 2, 40, server=_addr(sed))
         jid = fake.wait_jobs(1)
         spec = fake.specs[0]
-        assert spec.time_limit == 300 and spec.workdir.endswith(call.id) and spec.env["GRIDRPC_CALL_ID"] == call.id
+        assert spec.time_limit == 300 and spec.env["GRIDRPC_CALL_ID"] == call.id
+        # the job's directory is the SeD's own choice, never derived from the request id
+        assert call.id not in spec.workdir and os.path.dirname(spec.workdir) == sed.jobs_dir
         fake.run(jid)
         assert call.result(timeout=10) == 42
         t = call.timing

@@ -14,7 +14,7 @@ from gridrpc.core.aggregators import (AGGREGATORS, DefaultAggregator, LeastCostA
 
 
 class MyAgg:
-    """A user aggregator, loaded by import path in the tests below."""
+    """A user aggregator, registered as an operator plugin in the tests below."""
     name: ClassVar[str] = "my_agg"
 
     def __init__(self, reverse: bool = False) -> None:
@@ -200,12 +200,42 @@ def test_make_by_dict_spec_with_params():
     assert isinstance(make_aggregator({"name": "default", "params": None}), DefaultAggregator)
 
 
-def test_make_by_import_path():
-    a = make_aggregator("tests.test_core_aggregators:MyAgg")
-    assert type(a).__name__ == "MyAgg"
-    assert rank(a, [srv("b"), srv("a")]) == ["a", "b"]
-    r = make_aggregator({"name": "tests.test_core_aggregators:MyAgg", "params": {"reverse": True}})
-    assert rank(r, [srv("a"), srv("b")]) == ["b", "a"]
+def test_an_import_path_is_never_imported(monkeypatch):
+    """A name is looked up, never imported: 'pkg.mod:Class' is a bad name, even
+    for a class that exists, and no module is imported for it."""
+    import sys
+    monkeypatch.delitem(sys.modules, "json.tool", raising=False)
+    for spec in ("tests.test_core_aggregators:MyAgg", {"name": "os:system", "params": {"command": "true"}},
+                 "json.tool", {"name": "json.tool"}):
+        with pytest.raises(ValueError, match="aggregator"):
+            make_aggregator(spec)
+    assert "json.tool" not in sys.modules
+
+
+def test_plugins_registered_by_the_operator(monkeypatch):
+    """The operator's configuration (``--plugin``, deployment ``plugins``)
+    registers classes at start; requests may then name them."""
+    from gridrpc.errors import ConfigError
+    from gridrpc.plugins import load_aggregator_plugins
+    monkeypatch.setattr(agg, "AGGREGATORS", dict(AGGREGATORS))
+    import gridrpc.plugins as plugins
+    monkeypatch.setattr(plugins, "AGGREGATORS", agg.AGGREGATORS)
+    assert load_aggregator_plugins(["tests.test_core_aggregators:MyAgg"], entry_points_too=False) == ["my_agg"]
+    a = make_aggregator({"name": "my_agg", "params": {"reverse": True}})
+    assert rank(a, [srv("a"), srv("b")]) == ["b", "a"]
+    with pytest.raises(ValueError, match="bad parameters"):
+        make_aggregator({"name": "my_agg", "params": {"bogus": 1}})
+    assert rank(a, [srv("a"), srv("b")]) == ["b", "a"]
+    with pytest.raises(ConfigError, match="cannot load plugin"):
+        load_aggregator_plugins(["tests.test_core_aggregators:NoSuchClass"], entry_points_too=False)
+    with pytest.raises(ConfigError, match="package.module:Class"):
+        load_aggregator_plugins(["no_colon"], entry_points_too=False)
+
+
+def test_a_registry_limits_the_names():
+    assert type(make_aggregator("default", {"default": DefaultAggregator})) is DefaultAggregator
+    with pytest.raises(ValueError, match="unknown aggregator 'priority'"):
+        make_aggregator("priority", {"default": DefaultAggregator})
 
 
 def test_register_aggregator():
@@ -221,8 +251,8 @@ def test_register_aggregator():
 @pytest.mark.parametrize("spec, message", [
     ("nope", "unknown aggregator 'nope'"),
     ({"name": "nope"}, "unknown aggregator"),
-    ("no_such_module_xyz:Cls", "cannot load aggregator class"),
-    ("tests.test_core_aggregators:NoSuchClass", "cannot load aggregator class"),
+    ("no_such_module_xyz:Cls", "bad aggregator name"),
+    ("tests.test_core_aggregators:NoSuchClass", "bad aggregator name"),
     (42, "bad aggregator spec"),
     ({"params": {}}, "bad aggregator spec"),
     ({"name": 5}, "bad aggregator spec"),
@@ -236,7 +266,6 @@ def test_register_aggregator():
     ({"name": "priority", "params": {"order": [[1, "min"]]}}, "priority"),
     ({"name": "least_cost", "params": {"max_cost": "cheap"}}, "max_cost"),
     ({"name": "least_cost", "params": {"max_cost": True}}, "max_cost"),
-    ({"name": "tests.test_core_aggregators:MyAgg", "params": {"bogus": 1}}, "bad parameters"),
 ])
 def test_make_errors_are_value_errors_with_a_clear_message(spec, message):
     with pytest.raises(ValueError, match=message):

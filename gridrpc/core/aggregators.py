@@ -5,8 +5,11 @@ An aggregator turns a list of them into a ranked list, best first. The same
 aggregator (name + params) travels with the discovery request, so every level
 of the tree applies the same one (as in DIET).
 
-Built-ins (register more with :func:`register_aggregator`, or name a class by
-import path ``"package.module:Class"``):
+Built-ins (the operator registers more at an element's start with
+:func:`register_aggregator` or :func:`load_plugins`, from the deployment file's
+``plugins.aggregators`` list or the ``gridrpc.aggregators`` entry-point group).
+A request only *names* a registered aggregator: nothing named by a message is
+ever imported (an import path in a request is an unknown name).
 
 ``default``          least recently used first (``time_since_last_solve``,
                      largest first), then random. Servers without the tag rank
@@ -22,8 +25,8 @@ import path ``"package.module:Class"``):
 """
 from __future__ import annotations
 
-import importlib
 import math
+import re
 import random
 from typing import Any, ClassVar, Protocol
 
@@ -156,16 +159,23 @@ AGGREGATORS: dict[str, type] = {c.name: c for c in (
     LeastSlowdownAggregator, LeastCostAggregator)}
 
 
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
 def register_aggregator(cls: type) -> type:
-    AGGREGATORS[cls.name] = cls
+    """Register an aggregator class under its ``name`` (operator code, at start)."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(f"aggregator class {cls!r} needs a 'name' of letters, digits, '_', '.', '-'")
+    AGGREGATORS[name] = cls
     return cls
 
 
-def make_aggregator(spec: str | dict | None) -> Aggregator:
-    """``spec``: a name, an import path ``"pkg.mod:Class"``, or
-    ``{"name": ..., "params": {...}}``. Raises ValueError with a clear message."""
+def check_spec(spec: str | dict | None) -> tuple[str, dict]:
+    """The shape of an aggregator spec (a name, or ``{"name", "params"}``),
+    without resolving the name: ``(name, params)``. ValueError otherwise."""
     if spec is None:
-        spec = "default"
+        return "default", {}
     if isinstance(spec, str):
         name, params = spec, {}
     elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
@@ -173,17 +183,25 @@ def make_aggregator(spec: str | dict | None) -> Aggregator:
         if not isinstance(params, dict):
             raise ValueError("aggregator params must be an object")
     else:
-        raise ValueError(f"bad aggregator spec {spec!r}")
-    cls = AGGREGATORS.get(name)
+        raise ValueError(f"bad aggregator spec {str(spec)[:100]!r}: a name or {{'name': ..., 'params': {{...}}}}")
+    if not NAME_RE.match(name):
+        raise ValueError(f"bad aggregator name {name[:100]!r}: letters, digits, '_', '.', '-' only "
+                         "(a request names a registered aggregator, never code)")
+    return name, params
+
+
+def make_aggregator(spec: str | dict | None,
+                    registry: dict[str, type] | None = None) -> Aggregator:
+    """``spec``: a registered name, or ``{"name": ..., "params": {...}}``.
+    Only names in ``registry`` (default: this process's registered
+    aggregators) are accepted; nothing is ever imported here. Raises
+    ValueError with a clear message."""
+    name, params = check_spec(spec)
+    reg = AGGREGATORS if registry is None else registry
+    cls = reg.get(name)
     if cls is None:
-        if ":" not in name:
-            raise ValueError(f"unknown aggregator {name!r}; known: {', '.join(sorted(AGGREGATORS))}, "
-                             "or a class as 'package.module:Class'")
-        mod, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load aggregator class {name!r}: {exc}") from exc
+        raise ValueError(f"unknown aggregator {name!r}; registered here: {', '.join(sorted(reg))} "
+                         "(an operator adds plugins in the deployment file's plugins.aggregators)")
     try:
         return cls(**params)
     except TypeError as exc:

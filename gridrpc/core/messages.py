@@ -13,6 +13,7 @@ path, and a dict lookup is the cheapest typed access Python has.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 import orjson
@@ -68,6 +69,20 @@ SCHEMA: dict[MsgType, dict[str, Any]] = {
 }
 _BY_VALUE = {m.value: m for m in MsgType}
 
+#: request ids: printable, no path separators, bounded. Ids are never turned
+#: into paths, but they end up in logs, events and HTML.
+ID_RE = re.compile(r"[A-Za-z0-9_.:#@+=-]{0,128}")
+#: element names (they end up in HTML, Prometheus labels and file names)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def valid_id(id_: object) -> bool:
+    return type(id_) is str and ID_RE.fullmatch(id_) is not None and id_ not in (".", "..")
+
+
+def valid_name(name: object) -> bool:
+    return type(name) is str and NAME_RE.fullmatch(name) is not None
+
 
 def make(type_: MsgType, id_: str, **fields: Any) -> dict:
     h = {"v": PROTOCOL_VERSION, "type": type_.value, "id": id_}
@@ -99,6 +114,9 @@ def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
         raise ProtocolError(f"unknown message type {h.get('type')!r}")
     if type(h.get("id")) is not str:
         raise ProtocolError(f"{mt.value}: field 'id' must be a string")
+    if not valid_id(h["id"]):
+        raise ProtocolError(f"{mt.value}: field 'id' must be at most 128 characters of "
+                            "letters, digits and _.:#@+=- (and not '.' or '..')")
     for field, ftype in SCHEMA[mt].items():
         val = h.get(field)
         if ftype is _ANY:

@@ -11,6 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .aggregators import AGGREGATORS, check_spec
+
+
+def _known_aggregator(spec: Any) -> bool:
+    """A child may suggest a default aggregator for its service, but only one
+    registered on this agent counts (a name is never code)."""
+    try:
+        return check_spec(spec)[0] in AGGREGATORS
+    except ValueError:
+        return False
+
 
 @dataclass(slots=True)
 class Child:
@@ -38,7 +49,7 @@ class ChildRegistry:
         for s in header.get("services", []):
             if isinstance(s, dict) and isinstance(s.get("name"), str):
                 services[s["name"]] = {"doc": s.get("doc", ""), "params": s.get("params", [])}
-                if s.get("aggregator") is not None:
+                if s.get("aggregator") is not None and _known_aggregator(s["aggregator"]):
                     services[s["name"]]["aggregator"] = s["aggregator"]
             elif isinstance(s, str):
                 services[s] = {"doc": "", "params": []}

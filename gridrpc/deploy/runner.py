@@ -194,6 +194,9 @@ class Deployment:
                "--hb-timeout", str(self.spec.hb_timeout)]
         if e.parent:
             cmd += ["--parent", self.addresses[e.parent]]
+        if e.kind in ("ma", "la"):
+            for target in self.spec.aggregator_plugins:
+                cmd += ["--plugin", target]
         o = e.options
         if e.kind == "ma" and e.http_port is not None:
             cmd += ["--http-port", str(e.http_port), "--http-host", self.bind_host(e)]

@@ -41,7 +41,8 @@ _UNSET = object()
 _HOST_KEYS = {"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
               "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
               "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"}
-_TOP_KEYS = {"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout"}
+_TOP_KEYS = {"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout",
+             "plugins"}
 _SED_KEYS = {"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
              "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
              "scheduler", "partition", "options"}
@@ -98,6 +99,7 @@ class DeploymentSpec:
     hb_timeout: float = 3.0
     path: str | None = None
     orphan_timeout: object = _UNSET
+    aggregator_plugins: tuple = ()     # 'pkg.mod:Class' registered on every agent at start
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     def host(self, name: str) -> HostSpec:
@@ -254,7 +256,15 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> De
             raise ConfigError(f"{e.name}: parent {e.parent!r} is not an agent of this deployment")
         if e.host not in hosts and e.host not in LOCAL_HOSTS:
             raise ConfigError(f"{e.name}: host {e.host!r} is not 'localhost' nor listed under hosts:")
+    plugins = _req(data.get("plugins") or {}, "plugins")
+    if set(plugins) - {"aggregators"}:
+        raise ConfigError(f"plugins: unknown keys {', '.join(sorted(set(plugins) - {'aggregators'}))} "
+                          "(known: aggregators)")
+    aggs = plugins.get("aggregators") or []
+    if not isinstance(aggs, list) or not all(isinstance(t, str) and ":" in t for t in aggs):
+        raise ConfigError("plugins.aggregators must be a list of 'package.module:Class'")
     spec = DeploymentSpec(name=str(data.get("name") or name), elements=tuple(elements), hosts=hosts,
+                          aggregator_plugins=tuple(aggs),
                           hb_interval=float(hb.get("interval", 1.0)), hb_timeout=float(hb.get("timeout", 3.0)),
                           path=path, orphan_timeout=_timeout(data, "the deployment"), raw=data)
     spec.ordered()

@@ -79,7 +79,7 @@ def check_config(data: dict) -> Config:
     if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
         raise ConfigError(f"master_agent must look like tcp://host:port, not {ma!r}")
     if "aggregator" in data:
-        from ..core.aggregators import make_aggregator
-        make_aggregator(data["aggregator"])          # ValueError with a clear message
+        from ..core.aggregators import check_spec
+        check_spec(data["aggregator"])   # shape only: the agents decide which names exist
     opts = {k: v for k, v in data.items() if k != "master_agent"}
     return Config(master_agent=ma, client_options=opts)

@@ -128,15 +128,17 @@ class SeD:
         self.stats = {"calls": 0, "bad_messages": 0, "rejected": 0, "cancelled": 0, "preempted": 0}
         self.closed = asyncio.Event()
         self._closing = False
-        self.tmpdir = tempfile.mkdtemp(prefix=f"gridrpc-sed-{name}-")
+        self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
+        self._workdirs = 0
 
     # -- services -------------------------------------------------------
     def service(self, name: str | None = None, *, estimate: Callable | None = None, doc: str | None = None,
                 aggregator: Any = None):
         """Decorator: ``@sed.service("add")``. ``estimate(vector, args)`` may
         return a dict of tags that add to or override the standard ones.
-        ``aggregator`` (a name, ``{"name", "params"}`` or ``"pkg.mod:Class"``)
-        ranks this service's servers when a request names none."""
+        ``aggregator`` (a name or ``{"name", "params"}``) ranks this service's
+        servers when a request names none; agents honour it only if the name
+        is registered on them (built-ins and the operator's plugins)."""
         if callable(name):  # used as @sed.service without parentheses
             fn, name = name, None
             self.add_service(fn.__name__, fn)
@@ -349,7 +351,7 @@ class SeD:
             return
         workdir = None
         try:
-            workdir = self._call_workdir(cid)
+            workdir = self._call_workdir()
             sink = FileSink(workdir, as_path=True)
             copy = self.isolation != "process"      # workers get their own writable copies
             args = codec.decode(h["args"], buffers, sink, copy)
@@ -370,7 +372,7 @@ class SeD:
         now = time.time()
         call = _Call(id=cid, route=route, replica=r, service=svc, args=args, kwargs=kwargs, user=user,
                      optional=optional, received=now, options=options,
-                     workdir=workdir if os.path.isdir(workdir) else None)
+                     workdir=workdir)
         self.calls[cid] = call
         self.stats["calls"] += 1
         r.last_solve = now
@@ -441,9 +443,12 @@ class SeD:
                     **self._timing(call)))
 
     # -- hooks for SeD variants (the batch SeD overrides these) -----------
-    def _call_workdir(self, cid: str) -> str:
-        """Directory receiving the files sent with call *cid* (removed when it ends)."""
-        return os.path.join(self.tmpdir, cid.replace("/", "_")[:80])
+    def _call_workdir(self) -> str:
+        """A new directory name for the files of one call (created only when
+        files arrive; removed when the call ends). Never derived from anything
+        in the message: the request id is the client's to choose."""
+        self._workdirs += 1
+        return os.path.join(self.tmpdir, f"call-{self._workdirs}")
 
     def _call_options(self, svc: Service, kwargs: dict) -> tuple[dict, dict]:
         """Split reserved keyword arguments (per-call options of a SeD variant,

@@ -42,6 +42,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from typing import Any
 
 from ...core import messages as m
@@ -226,8 +227,9 @@ class BatchSeD(StateDirMixin, SeD):
         return t
 
     # ------------------------------------------------------------------ calls
-    def _call_workdir(self, cid: str) -> str:
-        return os.path.join(self.jobs_dir, jobfiles.safe_name(cid), "files")
+    def _call_workdir(self) -> str:
+        # a fresh name per call, never derived from the request id (meta.json records the id)
+        return os.path.join(self.jobs_dir, f"{time.time_ns():x}-{uuid.uuid4().hex[:8]}", "files")
 
     def _call_options(self, svc: Service, kwargs: dict) -> tuple[dict, dict]:
         if CALL_OPTION not in kwargs:
@@ -260,7 +262,7 @@ class BatchSeD(StateDirMixin, SeD):
         nodes = o.get("nodes", c.nodes) or 1
         tasks = o.get("ntasks", c.ntasks) or 1
         cpt = o.get("cpus_per_task", c.cpus_per_task) or 1
-        job = _Job(call_id=call.id, dir=os.path.dirname(self._call_workdir(call.id)),
+        job = _Job(call_id=call.id, dir=os.path.dirname(call.workdir),
                    service=call.service.name, user=call.user, received=call.received, options=dict(o),
                    walltime=o.get("walltime", c.time_limit), cpus=max(nodes, tasks * cpt))
         job.final = asyncio.get_running_loop().create_future()

@@ -53,8 +53,11 @@ def host_of(address: str) -> str:
     return rest.rsplit(":", 1)[0]
 
 
-def bind_router(address: str, *, mandatory: bool = True) -> tuple[zmq.Socket, str]:
-    """Bind a ROUTER; ``tcp://host:0`` picks a free port. Returns (socket, bound address)."""
+def bind_router(address: str, *, mandatory: bool = True,
+                options: dict | None = None) -> tuple[zmq.Socket, str]:
+    """Bind a ROUTER; ``tcp://host:0`` picks a free port. ``options``: more
+    socket options set before bind (e.g. CURVE, MAXMSGSIZE). Returns (socket,
+    bound address)."""
     if address.startswith("tcp://") and address.endswith(":0"):
         address = address[:-2] + ":*"
     sock = context().socket(zmq.ROUTER)
@@ -65,6 +68,8 @@ def bind_router(address: str, *, mandatory: bool = True) -> tuple[zmq.Socket, st
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     _heartbeat_opts(sock)
+    for opt, value in (options or {}).items():
+        sock.setsockopt(opt, value)
     try:
         sock.bind(address)
     except zmq.ZMQError as exc:

@@ -1,0 +1,222 @@
+"""One endpoint for every daemon: the ROUTER that faces children and clients.
+
+Agents and SeDs (plain, batch, cloud) all receive through an
+:class:`Endpoint`. It binds, drains the socket in batches (via
+:class:`~gridrpc.transport.channel.Channel`), parses and validates each
+message at the boundary (:func:`gridrpc.core.messages.parse_routed`), answers
+protocol errors itself, dispatches through a ``{MsgType: handler}`` table,
+turns exceptions of a handler into an error reply (a handler bug never goes
+unanswered and never kills the daemon), keeps statistics and rate-limits its
+log lines about bad input (a flood of bad messages cannot fill the disk).
+
+Authentication plugs in here: :attr:`Incoming.user` is the authenticated
+identity of the sender when the socket runs CURVE with a ZAP handler
+(the frame's ``User-Id`` property), else ``None``.
+
+A handler gets one :class:`Incoming` and answers with :meth:`Endpoint.reply`
+(or later with :meth:`Endpoint.send` to the saved ``route``)::
+
+    ep = Endpoint("LA1", "tcp://127.0.0.1:0", {MsgType.PING: on_ping})
+    ep.start()
+
+    def on_ping(msg):
+        ep.reply(msg, m.make(MsgType.PONG, msg.id, name="LA1"))
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import zmq
+
+from ..core import messages as m
+from ..core.messages import MsgType
+from ..errors import GridRPCError, InvalidArgument, ProtocolError
+from .channel import Channel, bind_router
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Incoming:
+    """A validated message from a peer."""
+    route: list                      # routing frames (opaque; give back to reply/send)
+    type: MsgType
+    header: dict
+    buffers: list                    # extra frames (zmq.Frame), binary parts of values
+    frames: list                     # every frame as received (routing + header + buffers)
+    received: float = 0.0            # time.monotonic() at parse
+
+    @property
+    def id(self) -> str:
+        return self.header["id"]
+
+    @property
+    def peer(self) -> bytes:
+        """The zmq routing id of the sender's connection (stable while it stays connected)."""
+        r = self.route[0]
+        return r.bytes if hasattr(r, "bytes") else bytes(r)
+
+    @property
+    def user(self) -> str | None:
+        """Authenticated user (ZAP User-Id) when the socket runs CURVE, else None."""
+        f = self.frames[1] if len(self.frames) > 1 else None
+        try:
+            uid = f.get("User-Id") if f is not None and hasattr(f, "get") else None
+        except (zmq.ZMQError, KeyError, TypeError):
+            return None
+        return uid or None
+
+
+Handler = Callable[[Incoming], None]
+
+
+class RateLimitedLog:
+    """At most ``burst`` lines per ``interval`` seconds; the rest are counted
+    and summarised in one line when the next interval starts."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 10, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger, self.burst, self.interval, self.clock = logger, burst, interval, clock
+        self.window_start = -1e18
+        self.in_window = 0
+        self.suppressed = 0
+
+    def __call__(self, level: int, fmt: str, *args) -> bool:
+        now = self.clock()
+        if now - self.window_start >= self.interval:
+            if self.suppressed:
+                self.logger.log(level, "... %d similar lines suppressed in the last %gs",
+                                self.suppressed, self.interval)
+            self.window_start, self.in_window, self.suppressed = now, 0, 0
+        if self.in_window < self.burst:
+            self.in_window += 1
+            self.logger.log(level, fmt, *args)
+            return True
+        self.suppressed += 1
+        return False
+
+
+@dataclass
+class EndpointStats:
+    received: int = 0
+    sent: int = 0
+    bad_messages: int = 0           # rejected at the boundary (malformed, unknown type, bad field)
+    handler_errors: int = 0         # a handler raised: answered with an error
+    unhandled_types: int = 0        # valid message of a type this daemon does not handle
+    by_type: dict = field(default_factory=dict)
+
+    def snapshot(self) -> dict:
+        return {"received": self.received, "sent": self.sent, "bad_messages": self.bad_messages,
+                "handler_errors": self.handler_errors, "unhandled_types": self.unhandled_types,
+                "by_type": dict(self.by_type)}
+
+
+class Endpoint:
+    """A bound ROUTER with a handler table. ``start()`` binds (``address``
+    ``tcp://host:0`` picks a free port; :attr:`address` is the bound one)."""
+
+    def __init__(self, name: str, address: str, handlers: Mapping[MsgType, Handler], *,
+                 what: str = "", bad_input_log: RateLimitedLog | None = None,
+                 socket_options: Mapping[int, object] | None = None) -> None:
+        self.name = name
+        self.bind_address = address
+        self.handlers: dict[MsgType, Handler] = dict(handlers)
+        self.what = what or name              # how error messages name this daemon ("SeD sed-1")
+        self.socket_options = dict(socket_options or {})
+        self.stats = EndpointStats()
+        self.bad_log = bad_input_log or RateLimitedLog(log)
+        self.address: str | None = None
+        self.channel: Channel | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> "Endpoint":
+        sock, self.address = bind_router(self.bind_address, options=self.socket_options)
+        self.channel = Channel(sock, self._on_frames, name=f"{self.name}.router")
+        return self
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.channel is None or self.channel.closed
+
+    # -- sending --------------------------------------------------------------
+    def send(self, route: list, header: dict, buffers=()) -> bool:
+        """Send to a peer; False (logged at debug) when it is gone."""
+        try:
+            self.channel.send([*route, m.dumps(header), *buffers])
+        except GridRPCError as exc:
+            log.debug("%s: could not send %s %s: %s", self.name, header.get("type"), header.get("id"), exc)
+            return False
+        self.stats.sent += 1
+        return True
+
+    def send_frames(self, route: list, frames: list) -> bool:
+        """Send already-encoded frames (a cached answer) to a peer."""
+        try:
+            self.channel.send([*route, *frames])
+        except GridRPCError as exc:
+            log.debug("%s: could not send cached frames: %s", self.name, exc)
+            return False
+        self.stats.sent += 1
+        return True
+
+    def reply(self, msg: Incoming, header: dict, buffers=()) -> bool:
+        return self.send(msg.route, header, buffers)
+
+    def reply_error(self, msg: Incoming | list, kind: str, message: str, **extra) -> bool:
+        route = msg.route if isinstance(msg, Incoming) else msg
+        id_ = msg.header.get("id", "") if isinstance(msg, Incoming) else ""
+        return self.send(route, m.error_header(id_, kind, message, **extra))
+
+    # -- receiving ------------------------------------------------------------
+    def _on_frames(self, frames: list) -> None:
+        self.stats.received += 1
+        try:
+            route, mt, h, buffers = m.parse_routed(frames)
+        except ProtocolError as exc:
+            self.stats.bad_messages += 1
+            self.bad_log(logging.WARNING, "%s: rejected message: %s", self.name, exc)
+            self.send(frames[:1], m.error_header(_safe_id(frames), "protocol", str(exc)))
+            return
+        self.dispatch(Incoming(route=route, type=mt, header=h, buffers=buffers, frames=frames,
+                               received=time.monotonic()))
+
+    def dispatch(self, msg: Incoming) -> None:
+        bt = self.stats.by_type
+        bt[msg.type.value] = bt.get(msg.type.value, 0) + 1
+        handler = self.handlers.get(msg.type)
+        if handler is None:
+            self.stats.unhandled_types += 1
+            self.bad_log(logging.INFO, "%s: does not handle %s (id %s)", self.name, msg.type.value, msg.id)
+            self.reply_error(msg, "protocol", f"{self.what} does not handle {msg.type.value!r}")
+            return
+        try:
+            handler(msg)
+        except (ProtocolError, InvalidArgument, ValueError) as exc:
+            # a field the schema does not cover was malformed: the sender's fault
+            self.stats.bad_messages += 1
+            kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
+            self.bad_log(logging.WARNING, "%s: bad %s %s: %s", self.name, msg.type.value, msg.id, exc)
+            self.reply_error(msg, kind, f"bad {msg.type.value}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a handler bug: answer, log, keep serving
+            self.stats.handler_errors += 1
+            log.exception("%s: error while handling %s %s", self.name, msg.type.value, msg.id)
+            self.reply_error(msg, "internal", f"{self.what} failed to handle {msg.type.value}: "
+                                              f"{type(exc).__name__}: {exc}")
+
+
+def _safe_id(frames: list) -> str:
+    """The id of an unparseable message when it can be read safely, for the error reply."""
+    try:
+        import orjson
+        h = orjson.loads(frames[1].bytes if hasattr(frames[1], "bytes") else frames[1])
+        i = h.get("id") if isinstance(h, dict) else None
+        return i if m.valid_id(i) else ""
+    except Exception:  # noqa: BLE001
+        return ""

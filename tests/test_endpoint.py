@@ -1,0 +1,79 @@
+"""The endpoint every daemon receives through: boundary parsing, error
+replies, dispatch, handler failures, statistics, rate-limited logging."""
+import asyncio
+import logging
+
+import orjson
+import zmq
+import zmq.asyncio
+
+from gridrpc.core import messages as m
+from gridrpc.core.messages import MsgType
+from gridrpc.transport.endpoint import Endpoint, RateLimitedLog
+
+
+def test_rate_limited_log_counts_and_summarises(caplog):
+    t = [0.0]
+    rl = RateLimitedLog(logging.getLogger("t.rl"), burst=3, interval=10.0, clock=lambda: t[0])
+    with caplog.at_level(logging.INFO, logger="t.rl"):
+        shown = [rl(logging.INFO, "bad %d", i) for i in range(100)]
+        assert shown.count(True) == 3 and rl.suppressed == 97
+        t[0] = 10.5
+        rl(logging.INFO, "bad again")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:3] == ["bad 0", "bad 1", "bad 2"]
+    assert "97 similar lines suppressed" in lines[3] and lines[4] == "bad again"
+
+
+def test_dispatch_errors_and_statistics():
+    seen = []
+    holder = {}
+
+    def on_ping(msg):
+        seen.append((msg.id, msg.user, len(msg.peer) > 0))
+        holder["ep"].reply(msg, m.make(MsgType.PONG, msg.id))
+
+    def on_discover(msg):
+        float(msg.header.get("budget_ms", "x"))      # a field outside the schema, malformed: ValueError
+
+    def on_services(msg):
+        raise RuntimeError("bug")
+
+    handlers = {MsgType.PING: on_ping, MsgType.DISCOVER: on_discover, MsgType.SERVICES: on_services}
+    sends = [
+        [m.dumps(m.make(MsgType.PING, "p1"))],
+        [b"garbage"],
+        [orjson.dumps({"v": 1, "type": "ping", "id": ".."})],
+        [m.dumps(m.make(MsgType.CALL, "c1", service="x", args=[], kwargs={}))],
+        [m.dumps(m.make(MsgType.DISCOVER, "d1", service="x", k=1, budget_ms="x"))],
+        [m.dumps(m.make(MsgType.SERVICES, "s1"))],
+    ]
+
+    async def run():
+        ep = Endpoint("T", "tcp://127.0.0.1:0", handlers, what="test daemon").start()
+        holder["ep"] = ep
+        s = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(ep.address)
+        out = []
+        try:
+            for frames in sends:
+                await s.send_multipart(frames)
+                assert await s.poll(3000), f"no reply to {frames!r}"
+                out.append(orjson.loads((await s.recv_multipart())[0]))
+        finally:
+            s.close()
+            ep.close()
+        return ep, out
+
+    ep, out = asyncio.run(run())
+    assert out[0]["type"] == "pong" and out[0]["id"] == "p1"
+    assert seen == [("p1", None, True)]
+    assert out[1]["error"]["kind"] == "protocol" and "JSON" in out[1]["error"]["message"]
+    assert out[2]["error"]["kind"] == "protocol" and "'id'" in out[2]["error"]["message"]
+    assert out[3]["error"]["kind"] == "protocol" and "test daemon does not handle 'call'" in out[3]["error"]["message"]
+    assert out[4]["id"] == "d1" and out[4]["error"]["kind"] == "protocol"
+    assert out[5]["id"] == "s1" and out[5]["error"]["kind"] == "internal" and "RuntimeError" in out[5]["error"]["message"]
+    st = ep.stats.snapshot()
+    assert st["received"] == 6 and st["bad_messages"] == 3 and st["handler_errors"] == 1
+    assert st["unhandled_types"] == 1 and st["by_type"]["ping"] == 1

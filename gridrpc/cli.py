@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .deploy.cli import add_deploy_parser
     add_deploy_parser(sub)
-    for mod in ("experiments.cli", "loadtest.cli", "bench"):
+    for mod in ("experiments.cli", "loadtest.cli", "bench", "keys_cli"):
         try:
             __import__(f"gridrpc.{mod}", fromlist=["add_parser"]).add_parser(sub)
         except ImportError:

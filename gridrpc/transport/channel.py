@@ -81,9 +81,11 @@ def bind_router(address: str, *, mandatory: bool = True,
     return sock, bound
 
 
-def connect_dealer(address: str, identity: bytes | None = None, immediate: bool = False) -> zmq.Socket:
+def connect_dealer(address: str, identity: bytes | None = None, immediate: bool = False,
+                   options: dict | None = None) -> zmq.Socket:
     """A DEALER connected to ``address``. ``immediate``: queue messages only on
-    completed connections (sends fail at once while the peer is absent)."""
+    completed connections (sends fail at once while the peer is absent).
+    ``options``: more socket options set before connect (e.g. CURVE)."""
     sock = context().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 100000)
@@ -95,6 +97,8 @@ def connect_dealer(address: str, identity: bytes | None = None, immediate: bool 
         sock.setsockopt(zmq.IDENTITY, identity)
     if immediate:
         sock.setsockopt(zmq.IMMEDIATE, 1)
+    for opt, value in (options or {}).items():
+        sock.setsockopt(opt, value)
     try:
         sock.connect(address)
     except zmq.ZMQError as exc:

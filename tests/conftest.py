@@ -1,6 +1,57 @@
 import pytest
 
 from gridrpc.testing import LocalTree
+from tests import requirements
+
+# Markers of the real-component tier (pyproject.toml), and the fixtures that
+# put a test in it whatever its module declares.
+REAL_MARKERS = ("real", "slurm", "netns", "cloud")
+FIXTURE_MARKERS = {"slurm_cluster": "slurm", "slurm_cluster2": "slurm", "netns_cluster": "netns",
+                   "moto_ec2": "cloud"}
+
+
+def pytest_report_header(config):
+    must = requirements.required()
+    if not must:
+        return (f"real-component tier: missing components skip ({requirements.ENV} unset; "
+                "scripts/run-tests sets it)")
+    return (f"real-component tier: required ({requirements.ENV}: {', '.join(sorted(must))}); "
+            "a test needing a missing one fails")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                if not item.get_closest_marker(marker):
+                    item.add_marker(marker)
+                if not item.get_closest_marker("real"):
+                    item.add_marker("real")
+
+
+def _is_real(item) -> bool:
+    return any(item.get_closest_marker(m) for m in REAL_MARKERS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Safety net under GRIDRPC_REQUIRE_REAL: a real-component test may not
+    skip (whatever skipped it: a skip that bypasses tests/requirements.py, an
+    importorskip...), except opt-in measurements (requirements.opt_in)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or not requirements.strict() or not _is_real(item):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if requirements.OPT_IN_PREFIX in reason:
+        return
+    component = requirements.component_of(reason)
+    if component is not None and component not in requirements.required():
+        return          # GRIDRPC_REQUIRE_REAL lists some components, not this one
+    report.outcome = "failed"
+    report.longrepr = (f"real-component test skipped while {requirements.ENV} is set: {reason}\n"
+                       "Route the skip through tests/requirements.py require(...) or make the component "
+                       f"available ({requirements.INSTALL}).")
 
 
 @pytest.fixture(scope="module")

@@ -6,24 +6,24 @@ Import them in a test module::
 
 Both are module-scoped: one private cluster per test module, started in ~1 s,
 torn down (jobs cancelled, daemons ended) when the module's tests are done.
-They skip when Slurm/munge are not installed (``scripts/install-test-deps``).
+When Slurm/munge are not installed they skip -- or fail under
+``GRIDRPC_REQUIRE_REAL`` (see tests/requirements.py), naming what is missing
+and how to install it (``scripts/install-test-deps``).
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.slurm_cluster import PrivateSlurm, slurm_installed
+from tests.requirements import require
+from tests.slurm_cluster import PrivateSlurm
 
 __all__ = ["slurm_cluster", "slurm_cluster2", "require_slurm"]
 
-SKIP_MESSAGE = ("Slurm is not installed (slurmctld, slurmd, munged, sbatch or sinfo missing); "
-                "run `scripts/install-test-deps` as root to install it")
-
 
 def require_slurm() -> None:
-    """Skip the calling test when the Slurm daemons are absent."""
-    if not slurm_installed():
-        pytest.skip(SKIP_MESSAGE)
+    """Skip (or, under GRIDRPC_REQUIRE_REAL, fail) the calling test when the
+    Slurm daemons or client commands are absent: ``require("slurm")``."""
+    require("slurm")
 
 
 def _cluster(tmp_path_factory, name: str, **kwargs):

@@ -6,8 +6,21 @@ Layout (all names carry a per-run prefix, e.g. ``grt-4242-a1b2-``)::
     PREFIX+hI   : eth0 (veth peer of p-hI) with 10.200.0.(10+I)/24, lo up,
                   sshd on 10.200.0.(10+I):22 (own host key, key-only auth)
 
-The test processes talk to the hosts only from *inside* a namespace
-(``ip netns exec``); the root namespace never sends to the test subnet, and a
+Each host is more than a network namespace: it has its **own PID namespace**
+(its "init", a small Python reaper, is PID 1 there; sshd is its child) and its
+**own mount namespace** with a private tmpfs mounted at :attr:`host_dir` --
+the same path on every host, a different directory on each, and an empty
+directory seen from the machine itself. So a PID a host reports means
+nothing on the machine or on another host, and a file written under
+``host_dir`` on one host is invisible everywhere else: the SSH launcher's
+``start``/``alive``/``stop``/``logs`` pass only if they really act on the
+remote host. The rest of the file system (``/usr``, the repository, ``/tmp``)
+is shared, like an NFS home. ``exec``/``popen``/``wrapper`` enter all three
+namespaces (``nsenter``); killing a host's init powers the host off (the
+kernel kills every process of its PID namespace).
+
+The test processes talk to the hosts only from *inside* a host
+(``cluster.exec``/``popen``/``wrapper``); the root namespace never sends to the test subnet, and a
 ``blackhole`` route for the subnet is installed in the root namespace for the
 lifetime of the cluster as a safety net (see
 ``/work/shared/notes/multihost-and-cloud.md``).  The blackhole route is shared
@@ -15,8 +28,9 @@ between concurrent clusters through a small reference count under
 ``/run/gridrpc-netns-tests``; it is removed when the last holder goes, and only
 if a cluster added it.
 
-Cleanup (``stop()``, also registered with ``atexit``): kill the processes the
-cluster started (by PID), then every process left in each namespace
+Cleanup (``stop()``, also registered with ``atexit``): power every host off
+(SIGKILL to its init), kill the processes the cluster started (by PID and
+process group), then every process left in each namespace
 (``ip netns pids``), delete the namespaces, release the route, remove the
 temporary directory.  ``cleanup_stale()`` does the same for namespaces of
 earlier runs whose owning process is gone.
@@ -43,6 +57,42 @@ from pathlib import Path
 BASE_PREFIX = "grt-"
 STATE_DIR = Path("/run/gridrpc-netns-tests")
 SSHD = "/usr/sbin/sshd"
+HOST_TMPFS_SIZE = "256m"
+
+# PID 1 of a namespace host: mount the host's private tmpfs, run the command
+# (sshd) as its child, reap every orphan (daemons started over ssh end up
+# here), exit with the command's status. With no command: just reap.
+_HOST_INIT = r"""
+import os, signal, subprocess, sys
+size, private, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=" + size, "gridrpc-host", private],
+               check=True)
+print("gridrpc-host: private", private, "mounted; pid", os.getpid(), flush=True)
+child = None
+if argv:
+    child = os.fork()
+    if child == 0:
+        os.execv(argv[0], argv)
+def forward(sig, _frame):
+    if child is None:
+        sys.exit(0)
+    try:
+        os.kill(child, sig)
+    except ProcessLookupError:
+        pass
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        signal.pause()
+        continue
+    if pid == child:
+        code = os.waitstatus_to_exitcode(status)
+        sys.exit(code if code >= 0 else 128 - code)
+"""
 _PREFIX_RE = re.compile(r"^grt-(\d+)-([0-9a-f]+)-")
 
 _TCP_WAIT = r"""
@@ -225,12 +275,13 @@ def cleanup_stale(base: str = BASE_PREFIX) -> list[str]:
 
 
 def skip_unless_root_netns() -> str | None:
-    """Return a skip reason if network namespaces/sshd cannot be used, else None."""
+    """Return why network namespaces/sshd cannot be used, else None.
+    (Tests say ``tests.requirements.require("netns", "sshd")`` instead.)"""
     if sys.platform != "linux":
         return "network namespaces need Linux"
     if os.geteuid() != 0:
         return "needs root (network namespaces, sshd)"
-    for tool in ("ip", "ssh", "ssh-keygen"):
+    for tool in ("ip", "ssh", "ssh-keygen", "unshare", "nsenter", "mount"):
         if shutil.which(tool) is None:
             return f"{tool!r} not found"
     if not os.access(SSHD, os.X_OK):
@@ -243,10 +294,38 @@ def skip_unless_root_netns() -> str | None:
     return None
 
 
+# -- processes seen from a host ---------------------------------------------------
+
+def _ns_inode(pid: int, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _nspid(pid: int) -> list[int]:
+    """``NSpid`` of ``pid``: its PID in each PID namespace, outermost first."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 # -- the cluster ----------------------------------------------------------------
 
 class NetnsCluster:
-    """``n_hosts`` namespaces h1..hN on one bridge, each running its own sshd."""
+    """``n_hosts`` hosts h1..hN on one bridge: each a network, PID and mount
+    namespace of its own, running its own sshd (see the module docstring)."""
 
     def __init__(self, n_hosts: int = 3, subnet: str = "10.200.0.0/24", prefix: str | None = None,
                  *, first_host: int = 10, ssh_port: int = 22, sshd: bool = True) -> None:
@@ -264,14 +343,16 @@ class NetnsCluster:
         self.tmp: Path | None = None
         self.client_key: Path | None = None
         self.known_hosts: Path | None = None
-        self._sshd: dict[str, subprocess.Popen] = {}
+        self._boot: dict[str, subprocess.Popen] = {}   # per host: `ip netns exec NS unshare ... init`
+        self._init: dict[str, int] = {}                # per host: its init (PID 1 there), machine PID
+        self._daemons: dict[str, set[int]] = {}        # per host: what init started (sshd), machine PIDs
         self._procs: list[subprocess.Popen] = []
         self._route_held = False
         self._started = False
 
     # naming
     def ns(self, host: str | int) -> str:
-        """Namespace name of ``host`` ("h2" or 2)."""
+        """Network namespace name of ``host`` ("h2" or 2)."""
         return self.prefix + self._host(host)
 
     def _host(self, host: str | int) -> str:
@@ -286,9 +367,24 @@ class NetnsCluster:
     def namespaces(self) -> list[str]:
         return [self.switch] + [self.ns(h) for h in self.hosts]
 
-    def wrapper(self, host: str | int) -> list[str]:
-        """Prefix that runs a command inside ``host``'s namespace."""
-        return ["ip", "netns", "exec", self.ns(host)]
+    @property
+    def host_dir(self) -> str:
+        """The directory private to each host (a tmpfs per host, mounted at
+        the same path on all): put remote work directories here. Seen from
+        the machine it is an empty directory."""
+        assert self.tmp is not None, "cluster not started"
+        return str(self.tmp / "host")
+
+    def init_pid(self, host: str | int) -> int:
+        """Machine PID of ``host``'s init (PID 1 inside the host)."""
+        return self._init[self._host(host)]
+
+    def wrapper(self, host: str | int, cwd: str | os.PathLike | None = None) -> list[str]:
+        """Prefix that runs a command *on* ``host``: in its network, mount and
+        PID namespaces (``nsenter``), in ``cwd`` (default: the current
+        directory) as seen on the host."""
+        return ["nsenter", f"--target={self.init_pid(host)}", "--net", "--mount", "--pid",
+                f"--wdns={os.fspath(cwd) if cwd is not None else os.getcwd()}", "--"]
 
     # lifecycle
     def __enter__(self) -> NetnsCluster:
@@ -309,11 +405,15 @@ class NetnsCluster:
             self._route_held = True
             _assert_root_ns_blocked(list(self._addr.values()))
             self.tmp = Path(tempfile.mkdtemp(prefix=f"{self.prefix}cluster"))
+            Path(self.host_dir).mkdir()
             self._make_network()
             if self._with_sshd:
                 self._make_keys()
-                for h in self.hosts:
-                    self._start_sshd(h)
+            for h in self.hosts:
+                self._boot_host(h)
+            for h in self.hosts:
+                self._wait_host(h)
+            if self._with_sshd:
                 for h in self.hosts:
                     self._wait_sshd(h)
         except BaseException:
@@ -362,13 +462,13 @@ class NetnsCluster:
         return self.tmp / self._host(host) / "ssh_host_ed25519_key.pub"
 
     def sshd_log(self, host: str | int) -> str:
+        """The host's console: its init's and its sshd's output."""
         assert self.tmp is not None
         p = self.tmp / self._host(host) / "sshd.log"
         return p.read_text(errors="replace") if p.exists() else ""
 
-    def _start_sshd(self, h: str) -> None:
+    def _sshd_config(self, h: str) -> Path:
         assert self.tmp is not None
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         d = self.tmp / h
         conf = d / "sshd_config"
         conf.write_text(
@@ -387,16 +487,51 @@ class NetnsCluster:
             "X11Forwarding no\n"
             "MaxStartups 100:30:200\n"
             "LogLevel VERBOSE\n")
+        return conf
+
+    def _boot_host(self, h: str) -> None:
+        """Start the host's init in new mount and PID namespaces inside its
+        network namespace; the init mounts the private tmpfs, then runs sshd."""
+        assert self.tmp is not None
+        d = self.tmp / h
+        d.mkdir(exist_ok=True)
+        cmd: list[str] = []
+        if self._with_sshd:
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+            cmd = [SSHD, "-D", "-e", "-f", str(self._sshd_config(h))]
+        argv = ["ip", "netns", "exec", self.ns(h),
+                "unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
+                "--mount-proc", sys.executable, "-c", _HOST_INIT, HOST_TMPFS_SIZE, self.host_dir, *cmd]
         log = open(d / "sshd.log", "ab")
         try:
-            self._sshd[h] = subprocess.Popen(
-                self.wrapper(h) + [SSHD, "-D", "-e", "-f", str(conf)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self._boot[h] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
 
+    def _wait_host(self, h: str, timeout: float = 15.0) -> None:
+        """Wait until the host's init runs and has mounted its private directory."""
+        boot = self._boot[h]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if boot.poll() is not None:
+                raise RuntimeError(f"host {h} did not boot (exit {boot.returncode}):\n{self.sshd_log(h)}")
+            for pid in _children(boot.pid):
+                if _nspid(pid)[-1:] == [1]:
+                    try:
+                        mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+                    except OSError:
+                        continue
+                    kids = _children(pid)
+                    if f" {self.host_dir} " in mounts and (kids or not self._with_sshd):
+                        self._init[h] = pid
+                        self._daemons[h] = set(kids)    # sshd: nothing else runs on the host yet
+                        return
+            time.sleep(0.02)
+        raise RuntimeError(f"host {h} not up after {timeout}s:\n{self.sshd_log(h)}")
+
     def _wait_sshd(self, h: str, timeout: float = 15.0) -> None:
-        proc = self._sshd[h]
+        proc = self._boot[h]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -405,6 +540,20 @@ class NetnsCluster:
                 return
         raise RuntimeError(f"sshd on {h} not accepting after {timeout}s:\n{self.sshd_log(h)}")
 
+    def power_off(self, host: str | int) -> None:
+        """Kill ``host``'s init: the kernel kills every process of the host."""
+        h = self._host(host)
+        pid = self._init.pop(h, None)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        boot = self._boot.pop(h, None)
+        if boot is not None:
+            with contextlib.suppress(Exception):
+                boot.wait(timeout=5)
+            if boot.poll() is None:
+                _kill_pids([boot.pid])
+
     def stop(self) -> None:
         """Kill everything the cluster started and remove all its traces (idempotent)."""
         if not self._started:
@@ -412,12 +561,19 @@ class NetnsCluster:
         self._started = False
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
-        procs = list(self._sshd.values()) + self._procs
+        for h in list(self._boot):
+            self.power_off(h)
+        self._init.clear()
+        self._daemons.clear()
+        procs = self._procs
+        for p in procs:  # nsenter parents and their children, which share the process group
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
         _kill_pids([p.pid for p in procs if p.poll() is None])
         for p in procs:
             with contextlib.suppress(Exception):
                 p.wait(timeout=1)
-        self._sshd.clear()
         self._procs.clear()
         existing = set(netns_list())
         for ns in reversed(self.namespaces()):  # hosts first, then the switch
@@ -430,32 +586,95 @@ class NetnsCluster:
             _release_route(self.subnet, self.prefix)
             self._route_held = False
         if self.tmp is not None:
+            if Path(self.host_dir).is_mount():      # never: the tmpfs lives in the hosts only
+                raise RuntimeError(f"{self.host_dir} is mounted on the machine itself")
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     @property
     def sshd_pids(self) -> dict[str, int]:
-        return {h: p.pid for h, p in self._sshd.items()}
+        """Per host, the machine PID of the process that boots it (its
+        namespaces' anchor: ``ip netns exec ... unshare``)."""
+        return {h: p.pid for h, p in self._boot.items()}
+
+    # processes as a host sees them
+    def _in_host(self, h: str, pid: int) -> bool:
+        return _ns_inode(pid, "pid") == _ns_inode(self.init_pid(h), "pid")
+
+    def host_pids(self, host: str | int) -> dict[int, int]:
+        """``{PID on the host: machine PID}`` of every process running on ``host``."""
+        h = self._host(host)
+        out = {}
+        for pid in netns_pids(self.ns(h)):
+            if self._in_host(h, pid):
+                nspid = _nspid(pid)
+                if nspid:
+                    out[nspid[-1]] = pid
+        return out
+
+    def local_pid(self, host: str | int, host_pid: int) -> int | None:
+        """The machine PID of the process ``host`` calls ``host_pid`` (None if none)."""
+        return self.host_pids(host).get(host_pid)
+
+    def infra_pids(self, host: str | int) -> set[int]:
+        """Machine PIDs of the host's own machinery: the boot process, init, sshd."""
+        h = self._host(host)
+        out = {self._boot[h].pid} if h in self._boot else set()
+        if h in self._init:
+            out |= {self._init[h], *self._daemons.get(h, ())}
+        return {p for p in out if _pid_alive(p)}
+
+    def read_file(self, host: str | int, path: str | os.PathLike) -> str | None:
+        """The content of ``path`` as ``host`` sees it (None if it has no such file)."""
+        res = self.exec(host, ["cat", os.fspath(path)])
+        return res.stdout if res.returncode == 0 else None
 
     # running things on hosts
-    def _argv(self, host: str | int, cmd: str | Sequence[str]) -> list[str]:
+    def _argv(self, host: str | int, cmd: str | Sequence[str], cwd=None) -> list[str]:
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        return self.wrapper(host) + argv
+        return self.wrapper(host, cwd) + argv
 
     def exec(self, host: str | int, cmd: str | Sequence[str], **kwargs) -> subprocess.CompletedProcess:
-        """Run ``cmd`` (argv list, or a string for ``sh -c``) in ``host``'s namespace and wait.
+        """Run ``cmd`` (argv list, or a string for ``sh -c``) on ``host`` and wait.
 
         Defaults: ``capture_output=True, text=True, timeout=30``; keyword
-        arguments are passed to :func:`subprocess.run`.
+        arguments are passed to :class:`subprocess.Popen` (``cwd`` is the
+        directory as the host sees it). On timeout the whole command (its
+        process group: ``nsenter`` and what it started on the host) is killed.
         """
-        kwargs.setdefault("capture_output", True)
+        timeout = kwargs.pop("timeout", 30)
+        capture = kwargs.pop("capture_output", True)
+        check = kwargs.pop("check", False)
+        inp = kwargs.pop("input", None)
         kwargs.setdefault("text", True)
-        kwargs.setdefault("timeout", 30)
-        return subprocess.run(self._argv(host, cmd), **kwargs)
+        if capture:
+            kwargs.setdefault("stdout", subprocess.PIPE)
+            kwargs.setdefault("stderr", subprocess.PIPE)
+        if inp is not None:
+            kwargs.setdefault("stdin", subprocess.PIPE)
+        argv = self._argv(host, cmd, kwargs.pop("cwd", None))
+        kwargs.setdefault("start_new_session", True)
+        with subprocess.Popen(argv, **kwargs) as proc:
+            try:
+                out, err = proc.communicate(inp, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
+        res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        if check:
+            res.check_returncode()
+        return res
 
     def popen(self, host: str | int, cmd: str | Sequence[str], **kwargs) -> subprocess.Popen:
-        """Start ``cmd`` in ``host``'s namespace; the cluster kills it on stop()."""
+        """Start ``cmd`` on ``host``; the cluster kills it on stop().
+
+        It runs in a session of its own: ``os.killpg(proc.pid, sig)`` reaches
+        the command itself (``proc.kill()`` only ends the ``nsenter`` in front).
+        """
         kwargs.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.Popen(self._argv(host, cmd), **kwargs)
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(self._argv(host, cmd, kwargs.pop("cwd", None)), **kwargs)
         self._procs.append(proc)
         return proc
 
@@ -474,10 +693,10 @@ class NetnsCluster:
 
     def ssh_cmd(self, from_host: str | int, to_host: str | int,
                 remote_cmd: str | Sequence[str] | None = None, **kwargs) -> list[str]:
-        """Full command line running ssh *inside* ``from_host`` to ``to_host``.
+        """Full command line running ssh *on* ``from_host`` to ``to_host``.
 
-        ``["ip", "netns", "exec", NS(from_host), "ssh", "-F", "/dev/null", ...,
-        "root@ADDR", remote_cmd]``, ready for :func:`subprocess.run`.
+        ``[*wrapper(from_host), "ssh", "-F", "/dev/null", ..., "root@ADDR",
+        remote_cmd]``, ready for :func:`subprocess.run`.
         """
         return self.wrapper(from_host) + self.ssh_args(to_host, remote_cmd, **kwargs)
 
@@ -509,3 +728,4 @@ class NetnsCluster:
         port = f"p-{self._host(host)}"
         _run(["ip", "-n", self.switch, "link", "set", port, "up"])
         _run(["bridge", "-n", self.switch, "link", "set", "dev", port, "state", "3"])
+

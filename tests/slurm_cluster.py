@@ -36,12 +36,15 @@ class SlurmClusterError(RuntimeError):
 
 
 def slurm_installed() -> bool:
-    """True when the Slurm daemons, client commands and munged are present."""
+    """True when the Slurm daemons, client commands and munged are on PATH.
+    (PATH only, like the code under test: no hidden fallback to /usr/sbin, so
+    a PATH without Slurm really means "no Slurm"; tests/requirements.py says
+    where a binary missing from PATH lives.)"""
     return all(_which(b) for b in ("slurmctld", "slurmd", "munged", "sbatch", "sinfo"))
 
 
 def _which(binary: str) -> str | None:
-    return shutil.which(binary, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+    return shutil.which(binary)
 
 
 def _free_port() -> int:

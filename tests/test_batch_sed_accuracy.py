@@ -20,12 +20,12 @@ import time
 import pytest
 
 from tests.conftest_slurm import require_slurm
+from tests.requirements import opt_in
 from tests.slurm_cluster import PrivateSlurm
 from tests.test_batch_sed import addr, client, running_sed, squeue_state, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real, pytest.mark.slow,
-              pytest.mark.skipif(not os.environ.get("GRIDRPC_BATCH_ACCURACY"),
-                                 reason="measurement; set GRIDRPC_BATCH_ACCURACY=1")]
+              opt_in("GRIDRPC_BATCH_ACCURACY", "measurement (about 1.5 minutes)")]
 
 
 def _row(scenario, rec) -> str:

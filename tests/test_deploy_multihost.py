@@ -7,6 +7,12 @@ deployment and run in file order:
 
     MA on h1 (+ sed-h1), LA1 on h2 (+ sed-h2), LA2 on h3 (+ sed-h3)
 
+Each host has its own PID and mount namespaces (tests/netns.py): the PIDs in
+the state file are the hosts' own numbering (mapped with ``local_pid``), and
+every work directory and log lives in the host's private directory, which
+neither the machine nor the other hosts can read. The elements run this
+checkout's code (``PYTHONPATH`` in each host's ``env``).
+
 up -> call from h1 -> status -> logs -> partition h2 / heal -> freeze LA1 /
 thaw -> kill -9 the MA: LA2 and sed-h3 (short orphan_timeout) exit by
 themselves -> down from another shell: nothing left on any host.
@@ -29,13 +35,14 @@ import pytest
 import yaml
 
 from tests.conftest_netns import netns_cluster  # noqa: F401
-from tests.netns import NetnsCluster, netns_pids
+from tests.netns import SSHD, NetnsCluster
 
 pytestmark = [pytest.mark.netns, pytest.mark.real]
 
 HB_INTERVAL, HB_TIMEOUT = 0.3, 1.0
 DISCOVERY_TIMEOUT = 2.0            # the probe's client: budget 0.6 * 2 s = 1.2 s
 MA_PORT = 5555                      # inside h1's own network namespace: no clash with the machine
+REPO = str(Path(__file__).resolve().parents[1])
 
 
 def wait_until(pred, timeout: float, what: str, interval: float = 0.05):
@@ -51,8 +58,9 @@ def wait_until(pred, timeout: float, what: str, interval: float = 0.05):
 
 def host_entry(c: NetnsCluster, h: str, tmp: Path, **over) -> dict:
     d = {"ssh": f"root@{c.address(h)}", "key": str(c.client_key), "known_hosts": str(c.known_hosts),
-         "ssh_config": "/dev/null", "python": sys.executable, "workdir": str(tmp / f"work-{h}"),
-         "connect_timeout": 3}
+         "ssh_config": "/dev/null", "python": sys.executable, "connect_timeout": 3,
+         # private to each host (same path everywhere); the code under test, not an installed copy
+         "workdir": f"{c.host_dir}/{tmp.name}", "env": {"PYTHONPATH": REPO}}
     d.update(over)
     return d
 
@@ -63,17 +71,18 @@ def deploy(c: NetnsCluster, *args: str, timeout: float = 90) -> subprocess.Compl
 
 
 def gridrpc_pids(c: NetnsCluster, h: str) -> list[int]:
-    """Processes on host ``h`` other than its sshd (and sshd's session children)."""
-    sshd = c.sshd_pids.get(h)
+    """Machine PIDs of the processes on host ``h`` other than its own
+    machinery (init, sshd and sshd's session children)."""
+    infra = c.infra_pids(h)
     out = []
-    for pid in netns_pids(c.ns(h)):
-        if pid == sshd:
+    for pid in c.host_pids(h).values():
+        if pid in infra:
             continue
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if cmd.startswith("sshd:") or cmd.startswith("/usr/sbin/sshd"):
+        if cmd.startswith("sshd:") or cmd.startswith(SSHD):
             continue  # a session in progress: sshd's own per-connection processes
         out.append(pid)
     return out
@@ -242,11 +251,12 @@ def test_status_hosts_pids_load(env):
         row = rows[name]
         assert row["host"] == host and row["process"] == "running" and row["tree"] == "alive"
         assert row["address"].startswith(f"tcp://{c.address(host)}:")  # bound to the host's address
-        assert row["pid"] in netns_pids(c.ns(host))                      # and really runs there
+        assert row["pid"] in c.host_pids(host)                           # and really runs there
     assert rows["LA1"]["load"]["children"] == 1
     assert rows["sed-h2"]["load"]["num_running"] == 0
     # the orphan timeout: 30 s by default on ssh hosts, as given where given
-    cmdline = lambda n: Path(f"/proc/{rows[n]['pid']}/cmdline").read_bytes().split(b"\0")  # noqa: E731
+    cmdline = lambda n: Path(  # noqa: E731
+        f"/proc/{c.local_pid(rows[n]['host'], rows[n]['pid'])}/cmdline").read_bytes().split(b"\0")
     assert cmdline("LA1")[cmdline("LA1").index(b"--orphan-timeout") + 1] == b"30"
     assert cmdline("LA2")[cmdline("LA2").index(b"--orphan-timeout") + 1] == b"1.5"
     assert b"--orphan-timeout" not in cmdline("MA")
@@ -300,24 +310,28 @@ def test_partition_la_host_then_heal(env, silent):
 
 
 def test_freeze_la_then_thaw(env):
-    pid = state_rows(env)["LA1"]["pid"]
-    _fault_and_recover(env, lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT))
-    assert pid in netns_pids(env["cluster"].ns("h2"))             # the same process, thawed
+    c = env["cluster"]
+    pid = state_rows(env)["LA1"]["pid"]                              # h2's numbering
+    local = c.local_pid("h2", pid)
+    assert local is not None and b"LA1" in Path(f"/proc/{local}/cmdline").read_bytes()
+    _fault_and_recover(env, lambda: os.kill(local, signal.SIGSTOP), lambda: os.kill(local, signal.SIGCONT))
+    assert c.local_pid("h2", pid) == local                          # the same process, thawed
 
 
 def test_orphans_exit_by_themselves_when_the_ma_is_killed(env):
     c = env["cluster"]
     rows = state_rows(env)
-    os.kill(rows["MA"]["pid"], signal.SIGKILL)
+    os.kill(c.local_pid("h1", rows["MA"]["pid"]), signal.SIGKILL)
     t0 = time.monotonic()
     # LA2 (orphan_timeout 1.5 s) exits by itself, then its SeD (1.5 s) too
-    gone = lambda n: rows[n]["pid"] not in netns_pids(c.ns(rows[n]["host"]))  # noqa: E731
+    gone = lambda n: rows[n]["pid"] not in c.host_pids(rows[n]["host"])  # noqa: E731
     wait_until(lambda: gone("LA2"), HB_TIMEOUT + 1.5 + 5, "LA2 to exit by itself")
     la2_after = time.monotonic() - t0
     wait_until(lambda: gone("sed-h3"), 2 * (HB_TIMEOUT + 1.5) + 8, "sed-h3 to exit by itself")
     assert la2_after >= 1.5  # not before its grace period
     la2_log = json.loads((Path(env["state"]) / "state.json").read_text())["elements"]["LA2"]["started"]["log_path"]
-    assert "parent gone for more than 1.5s: exiting" in Path(la2_log).read_text()   # shared file system
+    assert not os.path.exists(la2_log)                                # h3's private directory
+    assert "parent gone for more than 1.5s: exiting" in c.read_file("h3", la2_log)
     # LA1 and the SeDs with the 30 s default are still there: `down` stops them
     assert not gone("LA1") and not gone("sed-h1")
     rc, rows2 = status(env)

@@ -1,6 +1,5 @@
 """Real processes: kill -9 of a SeD mid-call, SIGSTOP of an LA during
 discovery, MA restart, children started before their parent."""
-import os
 import signal
 import time
 
@@ -15,6 +14,17 @@ pytestmark = pytest.mark.real
 
 def tree_names(client):
     return {e["name"] for e in client.tree()}
+
+
+def sed_load(client, name: str) -> dict:
+    """The SeD's own statistics, as its last heartbeat carried them up."""
+    return next((e.get("load") or {} for e in client.tree() if e["name"] == name), {})
+
+
+def wait_running(client, name: str, n: int = 1, timeout: float = 5) -> None:
+    """Wait until SeD ``name`` reports ``n`` calls running (not just sent)."""
+    wait_for(lambda: sed_load(client, name).get("num_running") == n, timeout,
+             f"{n} call(s) running on {name} (its statistics)")
 
 
 def test_children_start_before_parent(proc_tree):
@@ -39,13 +49,16 @@ def test_kill_sed_mid_call_fails_over_and_is_dropped(proc_tree):
         wait_for(lambda: {"s1", "s2"} <= tree_names(c), 10, "both SeDs")
         call = c.submit("sleep", 2.0)
         wait_for(lambda: call.server is not None, 5, "call dispatched")
-        time.sleep(0.3)                      # the call is running on its server
         victim = call.server
+        wait_running(c, victim)              # the call runs on its server: the kill interrupts it
+        other = ({"s1", "s2"} - {victim}).pop()
+        assert sed_load(c, other).get("num_running") == 0
         by_name[victim].signal(signal.SIGKILL)
         t = time.monotonic()
         assert call.result(15) == 2.0        # failed over to the other SeD
-        assert call.server != victim and len(call.attempts) == 2
+        assert call.server == other and len(call.attempts) == 2
         assert time.monotonic() - t < 8
+        wait_for(lambda: sed_load(c, other).get("completed") == 1, 5, f"the call completed on {other}")
         wait_for(lambda: victim not in tree_names(c), 5, "dead SeD dropped from the tree")
         assert c.call("add", 1, 1) == 2
 
@@ -57,10 +70,13 @@ def test_kill_sed_mid_call_without_failover_raises(proc_tree):
         wait_for(lambda: "s1" in tree_names(c), 10, "SeD")
         call = c.submit("sleep", 5.0)
         wait_for(lambda: call.server is not None, 5, "dispatched")
-        time.sleep(0.3)
+        wait_running(c, "s1")
         s1.signal(signal.SIGKILL)
+        t = time.monotonic()
         with pytest.raises(gridrpc.CommunicationError):
             call.result(10)
+        assert time.monotonic() - t < 4.5    # the lost server was noticed, not the 5 s call's end
+        assert len(call.attempts) == 1
 
 
 def test_sigstop_la_during_discovery(proc_tree):
@@ -131,6 +147,7 @@ def test_sed_workers_do_not_outlive_sed(proc_tree):
         wait_for(lambda: "s1" in tree_names(c), 10, "SeD")
         calls = [c.submit("sleep", 0.2) for _ in range(2)]
         gridrpc.wait(calls, timeout=10)
+        assert [x.result(0) for x in calls] == [0.2, 0.2]
         kids = psutil.Process(s1.pid).children(recursive=True)
         assert kids, "worker processes expected"
     s1.stop()
@@ -145,6 +162,7 @@ def test_sed_killed_hard_leaves_no_workers(proc_tree):
         wait_for(lambda: "s1" in tree_names(c), 10, "SeD")
         calls = [c.submit("sleep", 60) for _ in range(2)]       # two busy workers, others idle
         wait_for(lambda: all(x.server for x in calls), 5, "dispatched")
+        wait_running(c, "s1", 2)
         kids = psutil.Process(s1.pid).children(recursive=True)
         assert len(kids) >= 2
         s1.signal(signal.SIGKILL)

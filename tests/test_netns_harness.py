@@ -1,25 +1,32 @@
 """The namespace cluster harness and the SSH launcher against real sshd's.
 
-Every ssh client and TCP probe runs inside a namespace (``ip netns exec``);
-nothing here sends to the test subnet from the root namespace.
+Every ssh client and TCP probe runs on a namespace host (``cluster.exec`` /
+``cluster.wrapper``); nothing here sends to the test subnet from the root
+namespace. Each host has its own PID and mount namespaces and a private
+directory (``cluster.host_dir``), so the launcher's pids and files are
+checked *as the remote host sees them*: a launcher that ran its commands
+locally would fail here.
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gridrpc.deploy.launchers import (
     AuthenticationFailed, ExitedImmediately, HostKeyMismatch, HostUnreachable, LaunchError,
-    PythonMissing, SSHHostConfig, SSHLauncher,
+    PythonMissing, SSHHostConfig, SSHLauncher, Started,
 )
 from tests.conftest_netns import netns_cluster  # noqa: F401
 from tests.netns import (
     NetnsCluster, _pid_alive, blackhole_present, netns_list, netns_pids, route_holders,
-    skip_unless_root_netns,
 )
+from tests.requirements import require
 
 pytestmark = [pytest.mark.netns, pytest.mark.real]
 
@@ -32,7 +39,7 @@ def _config(cluster: NetnsCluster, tmp_path: Path, *, to: str = "h2", frm: str =
     kw = dict(target=f"root@{cluster.address(to)}", key_path=str(cluster.client_key),
               known_hosts=str(cluster.known_hosts), ssh_config="/dev/null",
               wrapper=tuple(cluster.wrapper(frm)), python=sys.executable,
-              workdir=str(tmp_path / "remote-work"), env={"PYTHONPATH": REPO},
+              workdir=f"{cluster.host_dir}/{tmp_path.name}", env={"PYTHONPATH": REPO},
               connect_timeout=3, check_window=0.5)
     kw.update(over)
     assert kw["wrapper"], "the ssh client must run inside a namespace"
@@ -41,9 +48,7 @@ def _config(cluster: NetnsCluster, tmp_path: Path, *, to: str = "h2", frm: str =
 
 # Runs first in this module, before the module-scoped fixture exists.
 def test_stop_leaves_nothing_behind():
-    reason = skip_unless_root_netns()
-    if reason:
-        pytest.skip(reason)
+    require("netns", "sshd")
     cluster = NetnsCluster(2)
     with cluster:
         prefix, tmp = cluster.prefix, cluster.tmp
@@ -102,10 +107,11 @@ def test_ssh_launcher_start_alive_logs_stop(netns_cluster, tmp_path):
     started = launcher.start([sys.executable, "-u", "-m", "http.server", "--bind", addr, str(HTTP_PORT)],
                              name="web")
     try:
-        assert started.pid in netns_pids(c.ns("h2"))  # the remote pid, on h2
-        cmdline = Path(f"/proc/{started.pid}/cmdline").read_bytes()
+        local = c.local_pid("h2", started.pid)         # the remote pid, as h2 numbers it
+        assert local is not None and local != started.pid
+        cmdline = Path(f"/proc/{local}/cmdline").read_bytes()
         assert b"http.server" in cmdline
-        assert started.log_path.startswith(str(tmp_path / "remote-work" / "logs"))
+        assert started.log_path.startswith(f"{c.host_dir}/{tmp_path.name}/logs/")
         assert launcher.alive(started)
         assert c.tcp_check("h1", addr, HTTP_PORT, timeout=10)
         assert "Serving HTTP" in launcher.logs(started, lines=10)
@@ -113,7 +119,7 @@ def test_ssh_launcher_start_alive_logs_stop(netns_cluster, tmp_path):
         result = launcher.stop(started, timeout=5)
     assert result == "terminated"
     assert not launcher.alive(started)
-    assert started.pid not in netns_pids(c.ns("h2"))
+    assert started.pid not in c.host_pids("h2") and not _pid_alive(local)
     assert not c.tcp_check("h1", addr, HTTP_PORT, timeout=0.3)
     assert launcher.stop(started) == "not-running"
 
@@ -166,3 +172,125 @@ def test_ssh_launcher_gridrpc_not_importable(netns_cluster, tmp_path):
     with pytest.raises(PythonMissing, match="(?i)cannot import 'gridrpc_not_here'"):
         launcher.start(["sleep", "30"])
     assert issubclass(PythonMissing, LaunchError)
+
+
+# -- hosts are hosts: own files, own PIDs ----------------------------------------
+
+def _pstart(pid: int) -> str:
+    """The start time the launcher records (field 22 of /proc/PID/stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_each_host_has_its_own_files_and_pids(netns_cluster):
+    c = netns_cluster
+    path = f"{c.host_dir}/only-on-h2.txt"
+    assert c.exec("h2", f"echo written-on-h2 > {path}").returncode == 0
+    assert c.read_file("h2", path) == "written-on-h2\n"
+    assert c.read_file("h3", path) is None and c.read_file("h1", path) is None
+    assert not os.path.exists(path) and os.listdir(c.host_dir) == []     # the machine: an empty dir
+    # a PID namespace per host: its init is PID 1 there, and it sees its own processes only
+    assert c.exec("h2", ["cat", "/proc/1/cmdline"]).stdout.split("\0")[:2] == [sys.executable, "-c"]
+    assert c.local_pid("h2", 1) == c.init_pid("h2") != c.init_pid("h3")
+    sleeper = c.popen("h2", ["sleep", "300"])
+    try:
+        _wait(lambda: [hp for hp, lp in c.host_pids("h2").items() if _cmdline(lp) == "sleep 300"], 10,
+              "the sleeper on h2")
+        (host_pid, machine_pid), = [(hp, lp) for hp, lp in c.host_pids("h2").items()
+                                    if _cmdline(lp) == "sleep 300"]
+        assert host_pid != machine_pid
+        on_h2 = {int(p) for p in c.exec("h2", ["ls", "/proc"]).stdout.split() if p.isdigit()}
+        assert host_pid in on_h2 and machine_pid not in on_h2
+        assert c.exec("h2", ["pgrep", "-x", "sleep"]).stdout.split() == [str(host_pid)]
+        assert c.exec("h3", ["pgrep", "-x", "sleep"]).returncode == 1      # h3 sees no such process
+    finally:
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        sleeper.wait(5)
+    # a daemon started on the host is reparented to the host's init, yet is no "infrastructure"
+    c.exec("h2", "nohup sleep 301 >/dev/null 2>&1 </dev/null &", check=True)
+    daemon = [lp for lp in c.host_pids("h2").values() if _cmdline(lp) == "sleep 301"]
+    assert len(daemon) == 1 and daemon[0] in _children_of(c.init_pid("h2"))
+    assert daemon[0] not in c.infra_pids("h2") and c.init_pid("h2") in c.infra_pids("h2")
+    assert c.exec("h2", ["pkill", "-x", "-f", "sleep 301"]).returncode == 0
+    _wait(lambda: not _pid_alive(daemon[0]), 5, "the daemon killed on h2")
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_ssh_launcher_logs_alive_stop_act_on_the_remote_host(netns_cluster, tmp_path):
+    """``logs`` reads a file that only h2 has; ``alive`` and ``stop`` judge and
+    signal h2's process -- not the process with the same command line on the
+    machine, on h1 (where the ssh client runs) or on h3."""
+    c = netns_cluster
+    token = f"twin-{os.getpid()}-{time.monotonic_ns()}"
+    argv = [sys.executable, "-u", "-c", f"import time; print({token!r}, flush=True); time.sleep(300)"]
+    launcher = SSHLauncher(_config(c, tmp_path, to="h2", frm="h1"))
+    local_twin = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+    h1_twin = c.popen("h1", argv, stdout=subprocess.DEVNULL)
+    h3_twin = c.popen("h3", argv, stdout=subprocess.DEVNULL)
+    started = None
+    try:
+        started = launcher.start(argv, name="twin")
+        # logs: the file exists on h2 only
+        log = started.log_path
+        assert log.startswith(f"{c.host_dir}/")
+        _wait(lambda: token in launcher.logs(started), 10, "the remote element's first line")
+        assert not os.path.exists(log)
+        assert c.read_file("h1", log) is None and c.read_file("h3", log) is None
+        c.exec("h2", f"echo only-h2-wrote-this >> {log}", check=True)
+        assert launcher.logs(started, lines=1).strip() == "only-h2-wrote-this"
+
+        # pids: the launcher's pid is h2's numbering of h2's process
+        remote = c.local_pid("h2", started.pid)
+        assert remote is not None and remote != started.pid
+        assert token.encode() in Path(f"/proc/{remote}/cmdline").read_bytes()
+        assert _pstart(remote) == started.pid_start
+
+        def twin(pid_on_host: int, local: int) -> Started:
+            return Started(launcher="ssh", host=launcher.host, pid=pid_on_host, log_path=log,
+                           command=tuple(argv), name="twin", workdir="", pid_start=_pstart(local),
+                           started_at=time.time())
+        def h1_twin_pids() -> list[int]:
+            return [hp for hp, lp in c.host_pids("h1").items() if _cmdline(lp) == " ".join(argv)]
+        _wait(h1_twin_pids, 10, "h1's twin")
+        h1_pid, = h1_twin_pids()
+        fake_local = twin(local_twin.pid, local_twin.pid)              # "alive" if run on the machine
+        fake_h1 = twin(h1_pid, c.local_pid("h1", h1_pid))              # "alive" if run on the ssh client's host
+        assert launcher.alive(started)
+        assert not launcher.alive(fake_local) and not launcher.alive(fake_h1)
+        assert launcher.alive_many([started, fake_local, fake_h1]) == {
+            started.pid: True, fake_local.pid: False, fake_h1.pid: False}
+
+        # stop: h2's process ends, the twins (same command line) live on
+        assert launcher.stop(fake_local, timeout=2) == "not-running"
+        assert launcher.stop(fake_h1, timeout=2) == "not-running"
+        assert launcher.stop(started, timeout=5) == "terminated"
+        started_done, started = started, None
+        assert not _pid_alive(remote) and started_done.pid not in c.host_pids("h2")
+        assert not launcher.alive(started_done)
+        assert local_twin.poll() is None and h1_twin.poll() is None and h3_twin.poll() is None
+        assert _pid_alive(c.local_pid("h1", h1_pid))
+    finally:
+        if started is not None:
+            launcher.stop(started, timeout=2)
+        local_twin.kill()
+        local_twin.wait(5)
+        for p in (h1_twin, h3_twin):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)

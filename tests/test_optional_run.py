@@ -70,23 +70,48 @@ def test_mandatory_failure_strict_and_not(tree):
     assert not out.ok
 
 
+def _running_optional(tree) -> set[str]:
+    """Ids of the optional calls running on the SeDs right now."""
+    return {cid for sed in tree.seds for cid, call in list(sed.calls.items())
+            if call.optional and call.state == "running"}
+
+
+def _counter(tree, key: str) -> int:
+    return sum(sed.stats[key] for sed in tree.seds)
+
+
+def _completed(tree) -> int:
+    return sum(r.completed for sed in tree.seds for r in sed.replicas.values())
+
+
 def test_cancelled_task_cancels_every_call(tree):
+    long = 30.0                # far longer than the test may take: only a cancellation ends them
+    seen: dict = {}
+
     async def main():
         async with gridrpc.AsyncClient(tree.ma_address, user="dave") as c:
             task = asyncio.ensure_future(c.run_optional("sleep", mandatory=[0.05],
-                                                        optional=itertools.repeat(5.0), deadline=60))
-            # wait until the long optional calls run on the SeDs
-            for _ in range(200):
+                                                        optional=itertools.repeat(long), deadline=60))
+            # wait until the long optional calls run on all three SeDs (their own state)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while len(_running_optional(tree)) < len(tree.seds):
+                assert not task.done(), task
+                assert loop.time() < deadline, f"long optional calls never ran: {_running_optional(tree)}"
                 await asyncio.sleep(0.02)
-                if sum(len(s.calls) for s in tree.seds) >= 3:
-                    break
+            seen["running"] = _running_optional(tree)
+            seen["cancelled"], seen["completed"] = _counter(tree, "cancelled"), _completed(tree)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
     t0 = time.monotonic()
     asyncio.run(main())
-    assert time.monotonic() - t0 < 10                   # did not wait for the 5 s calls
+    assert time.monotonic() - t0 < 10                   # did not wait for the long calls
     wait_for(lambda: _no_calls_left(tree), 5, "every SeD queue empty after cancellation")
+    # emptied by cancel requests reaching the SeDs, not by the calls ending
+    assert _counter(tree, "cancelled") - seen["cancelled"] >= len(seen["running"]) == len(tree.seds)
+    assert _completed(tree) == seen["completed"]
+    assert not seen["running"] & {cid for sed in tree.seds for cid in sed.calls}
 
 
 def test_legacy_client_via_n_submit(tree):

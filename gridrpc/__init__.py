@@ -4,14 +4,32 @@ of agents over ZeroMQ.
     import gridrpc
     with gridrpc.Client("tcp://127.0.0.1:5555") as client:
         client.call("add", 1, 2)
+
+The public surface is ``__all__`` (pinned by tests/test_public_api.py; the
+contract is docs/api.md). The GridRPC standard API is the ``gridrpc.grpc``
+module.
 """
-from .client import AsyncClient, Call, Client, Handle, ServerInfo, wait  # noqa: F401
-from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, GridRPCError,  # noqa: F401
+from .client import AsyncClient, Call, Client, ClientOptions, Handle, ServerInfo, wait
+from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, GridRPCError,
                      InvalidArgument, MessageTooLarge, NoServerAvailable, ProtocolError, RemoteError,
                      ServiceNotFound, Timeout, WorkerDied)
-from .files import File  # noqa: F401
-from .local_agent import LocalAgent  # noqa: F401
-from .master_agent import MasterAgent  # noqa: F401
-from .sed import SeD  # noqa: F401
+from .files import File
+from .local_agent import LocalAgent
+from .master_agent import MasterAgent
+from .sed import SeD
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # clients
+    "Client", "AsyncClient", "ClientOptions", "Call", "Handle", "ServerInfo", "wait",
+    # values
+    "File",
+    # elements of the tree
+    "MasterAgent", "LocalAgent", "SeD",
+    # errors (one root: GridRPCError)
+    "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
+    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument",
+    "RemoteError", "WorkerDied",
+    "__version__",
+]

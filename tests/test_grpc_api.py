@@ -500,14 +500,14 @@ def test_probe(init, tree):
 def test_probe_or(init):
     slow = handle("sleep", "solo")
     pending = [async_call(slow, LONG) for _ in range(2)]
-    assert g.grpc_probe_or(pending) == (GRPC_NONE_COMPLETED, None)             # interop probe 6
+    assert g.grpc_probe_or(pending) == (GRPC_NONE_COMPLETED, GRPC_SESSIONID_VOID)   # interop probe 6
     assert g.grpc_get_last_error() == GRPC_NONE_COMPLETED
     quick = async_call(handle("add"), 1, 1)
     wait_for(lambda: g.grpc_probe_or(pending + [quick]) == (GRPC_NO_ERROR, quick), 10, "probe_or")
     assert g.grpc_probe_or(pending + [quick, 10**9]) == (GRPC_INVALID_SESSION_ID, None)
     assert g.grpc_probe_or([GRPC_SESSIONID_VOID] * 3) == (GRPC_INVALID_SESSION_ID, None)
     assert g.grpc_probe_or(7) == (GRPC_INVALID_SESSION_ID, None)
-    assert g.grpc_probe_or([]) == (GRPC_NONE_COMPLETED, None)
+    assert g.grpc_probe_or([]) == (GRPC_NONE_COMPLETED, GRPC_SESSIONID_VOID)
     assert g.grpc_cancel_all() == GRPC_NO_ERROR
 
 

@@ -1,4 +1,8 @@
-"""Clients: :class:`AsyncClient` (asyncio) and :class:`Client` (blocking, any thread)."""
-from .aio import AsyncClient, AsyncHandle  # noqa: F401
-from .call import Call, ServerInfo, wait  # noqa: F401
-from .sync import Client, Handle  # noqa: F401
+"""Clients: :class:`AsyncClient` (asyncio) and :class:`Client` (blocking, any thread),
+both configured by one :class:`ClientOptions`."""
+from .aio import AsyncClient, AsyncHandle
+from .call import Call, ServerInfo, wait
+from .options import ClientOptions
+from .sync import Client, Handle
+
+__all__ = ["AsyncClient", "AsyncHandle", "Call", "Client", "ClientOptions", "Handle", "ServerInfo", "wait"]

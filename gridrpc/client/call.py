@@ -34,7 +34,7 @@ class Call:
         self.attempts: list[str] = []
         self.timing: dict = {}
         self.optional = False
-        self._cancel_requested = False
+        self._flight = None                      # set by the client once the call is sent
 
     # set by the client
     def _bind(self, task: asyncio.Task) -> None:
@@ -64,7 +64,9 @@ class Call:
             raise RuntimeError("Call.result() would block the event loop; use 'await call' instead")
         try:
             return self._cf.result(timeout)
-        except cf.TimeoutError:
+        except cf.TimeoutError:             # also the call's own gridrpc.Timeout (a TimeoutError)
+            if self._cf.done():
+                raise
             raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
         except cf.CancelledError:
             raise CallCancelled(f"call to {self.service} cancelled") from None
@@ -110,7 +112,9 @@ class Call:
         fut = asyncio.wrap_future(self._cf) if not self._in_loop() or self._task is None else self._task
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:        # also the call's own gridrpc.Timeout (a TimeoutError)
+            if fut.done():
+                raise
             raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
         except asyncio.CancelledError:
             if self._cf.done():
@@ -120,9 +124,10 @@ class Call:
     async def acancel(self) -> bool:
         if self._cf.done() or self._task is None:
             return False
-        self._cancel_requested = True
-        await self._client._cancel_remote(self)
-        self._task.cancel()
+        await self._client._cancel_remote(self)     # returns once the server confirmed (or gave up)
+        flight = self._flight
+        if flight is None or not flight.machine.finished:
+            self._task.cancel()                     # not sent yet (discovery): stop it here
         try:
             await self._task
         except BaseException:  # noqa: BLE001

@@ -10,25 +10,36 @@ from typing import Any
 from ..errors import Timeout
 from .aio import AsyncClient
 from .call import Call, ServerInfo
+from .options import ClientOptions
 
 
 class Client:
     """``with gridrpc.Client("tcp://127.0.0.1:5555", user="alice") as client: ...``
 
-    Keyword options (all optional): ``user`` (default: login name),
-    ``timeout`` (default per-call timeout, s), ``discovery_timeout``,
-    ``ack_timeout`` (how long a SeD has to acknowledge before the next
-    candidate is tried), ``ping_interval``/``ping_timeout`` (liveness of the
-    SeD during a call), ``failover`` (retry on another server when one dies),
-    ``max_candidates``, ``max_message_size``, ``aggregator``, ``download_dir``.
+    Keyword options (all optional), the fields of
+    :class:`~gridrpc.client.options.ClientOptions`: ``user`` (default: login
+    name), ``timeout`` (default per-call timeout, s), ``discovery_timeout``,
+    ``discovery_budget``, ``ack_timeout`` (how long a SeD has to acknowledge
+    before the next candidate is tried), ``ping_interval``/``ping_timeout``
+    (liveness of the SeD during a call), ``failover`` (retry on another
+    server when one dies), ``max_candidates``, ``max_message_size``,
+    ``aggregator``, ``download_dir``; or ``options=ClientOptions(...)``. An
+    unknown option is a TypeError raised before any thread or socket starts.
     """
 
-    def __init__(self, master_agent: str | None = None, **options: Any) -> None:
+    def __init__(self, master_agent: str | None = None, *, options: ClientOptions | None = None,
+                 **kwargs: Any) -> None:
+        self._closed = True
+        self.options = ClientOptions.build("Client", options, **kwargs)   # before any thread or socket
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gridrpc-client", daemon=True)
         self._thread.start()
-        self._aclient = AsyncClient(master_agent, **options)
-        self._run(self._aclient.start())
+        try:
+            self._aclient = AsyncClient(master_agent, options=self.options)
+            self._run(self._aclient.start())
+        except BaseException:
+            self._stop_loop()
+            raise
         self._closed = False
 
     @property
@@ -62,9 +73,12 @@ class Client:
         try:
             self._run(self._aclient.aclose(), timeout=10)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
 
     def discover(self, service: str, max_servers: int = 10, **kw) -> list[ServerInfo]:
         return self._run(self._aclient.discover(service, max_servers, **kw))

@@ -7,12 +7,13 @@ user. :class:`GreenClient` speaks the same wire protocol
 (:mod:`gridrpc.core.messages`, :mod:`gridrpc.core.codec`) with ``zmq.green``
 sockets instead: waiting for a reply only parks the calling greenlet.
 
-It does what :class:`gridrpc.AsyncClient` does for a call — discovery through
-the MA, CALL straight to the first SeD, ACCEPTED within ``ack_timeout`` (else
-the next candidate), RESULT or ERROR (rebuilt with
-:func:`gridrpc.errors.error_from_wire`), pings while a call runs, CANCEL on
-timeout — and raises the same exception classes. It is safe to share between
-greenlets: one reader greenlet per socket dispatches replies by request id.
+It runs the same call machine as :class:`gridrpc.AsyncClient`
+(:mod:`gridrpc.core.call`: ACCEPTED within ``ack_timeout`` else the next
+candidate, pings, the SeD's ``patience``, failover, CANCEL to every server
+given up on), takes the same options (:class:`gridrpc.ClientOptions`; the
+default ``timeout`` here is 60 s) and raises the same exception classes. It
+is safe to share between greenlets: one reader greenlet per socket feeds the
+replies to the calls' machines; the calling greenlet waits on an event.
 
 Every call leaves a :class:`Record` in ``client.last`` (and in
 ``client.records`` when ``keep_records``): what it was, its latency measured
@@ -30,10 +31,11 @@ locust user reports these to locust; tests compare the two.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gevent
@@ -42,15 +44,20 @@ import zmq
 import zmq.green as zmqg
 
 from ..client.call import ServerInfo
+from ..client.driver import CallDriver, Flight, exception_for
+from ..client.ids import new_id
+from ..client.options import ClientOptions, option_view
 from ..core import codec
-from ..transport.channel import configure_context
 from ..core import messages as m
+from ..core.call import CallMachine, Done, Tick
 from ..core.messages import MsgType
-from ..errors import (CommunicationError, GridRPCError, NoServerAvailable, ProtocolError,
-                      ServiceNotFound, Timeout, error_from_wire)
+from ..errors import (CommunicationError, GridRPCError, MessageTooLarge, NoServerAvailable, ProtocolError,
+                      ServiceNotFound, error_from_wire)
+from ..transport.channel import configure_context
 
 log = logging.getLogger(__name__)
 _ctx: zmqg.Context | None = None
+_TICK = Tick()
 
 
 def context() -> zmqg.Context:
@@ -76,15 +83,6 @@ class Record:
     server: str = ""
     error: str = ""           # exception type name when it failed
     discover_ms: float = 0.0  # part of ``ms`` spent in discovery (kind call)
-
-
-@dataclass
-class _Attempt:
-    id: str
-    server: str
-    accepted: gevent.event.AsyncResult = field(default_factory=gevent.event.AsyncResult)
-    result: gevent.event.AsyncResult = field(default_factory=gevent.event.AsyncResult)
-    last_news: float = field(default_factory=time.monotonic)
 
 
 class _Socket:
@@ -139,39 +137,88 @@ class _Socket:
         self.sock.close(linger=0)
 
 
+class _GreenDriver(CallDriver):
+    """The call machine under gevent: the calling greenlet waits on an event,
+    set by the outcome or by a wakeup that moved earlier; the reader
+    greenlets feed the replies."""
+
+    def __init__(self, client: "GreenClient") -> None:
+        super().__init__(clock=time.monotonic, new_id=new_id, decode=_decode, name="green client")
+        self.client = client
+
+    def send(self, address: str, frames: list) -> None:
+        self.client._sed(address).send(frames)
+
+    def _prepare(self, flight: Flight) -> None:
+        flight.waiter = gevent.event.Event()
+
+    def _arm(self, flight: Flight) -> None:
+        until = flight.waiting_until
+        if until is not None:
+            w = flight.machine.next_wakeup()
+            if w is not None and w < until:
+                flight.waiter.set()             # wake the caller: it waits for a later time
+
+    def _finish(self, flight: Flight, outcome) -> None:
+        flight.outcome = outcome
+        flight.waiter.set()
+
+    def wait(self, flight: Flight):
+        """Park the calling greenlet until the call ends; its outcome."""
+        try:
+            while flight.outcome is None:
+                w = flight.machine.next_wakeup()
+                flight.waiting_until = math.inf if w is None else w
+                flight.waiter.clear()
+                flight.waiter.wait(None if w is None else max(0.0, w - time.monotonic()))
+                flight.waiting_until = None
+                if flight.outcome is None:
+                    self.feed(flight, _TICK)
+        except BaseException:                   # killed, gevent.Timeout...: CANCEL to the server
+            flight.waiting_until = None
+            self.abandon(flight)
+            raise
+        return flight.outcome
+
+
+def _decode(header: dict, frames: list) -> tuple[Any, int]:
+    return codec.decode(header.get("value"), [f.buffer for f in frames[1:]]), sum(len(f) for f in frames)
+
+
 class GreenClient:
     """A gridrpc client for gevent (locust). Same errors as :class:`gridrpc.Client`.
 
-    ``timeout`` bounds a whole call (discovery included); ``discovery_timeout``
-    one discovery; ``ack_timeout`` the wait for a SeD's ACCEPTED before the
-    next candidate is tried; a running call whose SeD stays silent to pings for
-    ``ping_timeout`` fails over (``failover``) or raises CommunicationError.
+    Options: the fields of :class:`gridrpc.ClientOptions` (``timeout``
+    defaults to 60 s here and bounds a whole call, discovery included), plus
+    ``keep_records``. ``discovery_timeout`` bounds one discovery;
+    ``ack_timeout`` the wait for a SeD's ACCEPTED before the next candidate is
+    tried; a running call whose SeD stays silent to pings for ``ping_timeout``
+    (or the ``patience`` it announced) fails over (``failover``) or raises
+    CommunicationError.
     """
 
-    def __init__(self, master_agent: str | None = None, *, user: str | None = None,
-                 timeout: float | None = 60.0, discovery_timeout: float = 5.0,
-                 discovery_budget: float | None = None, ack_timeout: float = 5.0,
-                 ping_interval: float = 1.0, ping_timeout: float = 4.0, failover: bool = True,
-                 max_candidates: int = 3, aggregator: Any = None, keep_records: bool = False) -> None:
+    timeout = option_view("timeout")
+    discovery_timeout = option_view("discovery_timeout")
+    ack_timeout = option_view("ack_timeout")
+    ping_interval = option_view("ping_interval")
+    ping_timeout = option_view("ping_timeout")
+    failover = option_view("failover")
+    max_candidates = option_view("max_candidates")
+    aggregator = option_view("aggregator")
+
+    def __init__(self, master_agent: str | None = None, *, keep_records: bool = False,
+                 options: ClientOptions | None = None, **kwargs: Any) -> None:
+        self.options = ClientOptions.build("GreenClient", options, defaults={"timeout": 60.0}, **kwargs)
         self.master_agent = master_agent
-        self.user = user or default_user()
-        self.timeout = timeout
-        self.discovery_timeout = discovery_timeout
-        self.discovery_budget = (discovery_budget if discovery_budget is not None
-                                 else max(0.05, discovery_timeout * 0.6))
-        self.ack_timeout = ack_timeout
-        self.ping_interval = ping_interval
-        self.ping_timeout = ping_timeout
-        self.failover = failover
-        self.max_candidates = max_candidates
-        self.aggregator = aggregator
+        self.user = self.options.user or default_user()
         self.keep_records = keep_records
         self.records: list[Record] = []
         self.last: Record | None = None
+        self._policy = self.options.policy()
+        self._driver = _GreenDriver(self)
         self._ma: _Socket | None = None
         self._seds: dict[str, _Socket] = {}
         self._pending: dict[str, gevent.event.AsyncResult] = {}
-        self._attempts: dict[str, _Attempt] = {}
         self._addresses: dict[str, str] = {}
         self.closed = False
 
@@ -184,8 +231,7 @@ class GreenClient:
         for r in list(self._pending.values()):
             if not r.ready():
                 r.set_exception(err)
-        for a in list(self._attempts.values()):
-            _fail(a, err)
+        self._driver.abort_all("client closed")
         if self._ma:
             self._ma.close()
         for s in self._seds.values():
@@ -228,11 +274,12 @@ class GreenClient:
 
     def _discover(self, service: str, k: int, aggregator: Any, args: tuple,
                   timeout: float | None = None) -> tuple[list[ServerInfo], int]:
-        h = m.make(MsgType.DISCOVER, _new_id(), service=service, k=int(k), user=self.user,
-                   aggregator=aggregator if aggregator is not None else self.aggregator,
-                   budget_ms=self.discovery_budget * 1000, optional=False,
+        o = self.options
+        h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(k), user=self.user,
+                   aggregator=aggregator if aggregator is not None else o.aggregator,
+                   budget_ms=o.budget * 1000, optional=False,
                    args=[codec.light_description(a) for a in args])
-        wait = self.discovery_timeout if timeout is None else min(self.discovery_timeout, timeout)
+        wait = o.discovery_timeout if timeout is None else min(o.discovery_timeout, timeout)
         mt, r, size = self._ma_request(h, wait)
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
@@ -255,7 +302,7 @@ class GreenClient:
 
     def services(self) -> dict:
         """The catalogue: service -> {doc, params, servers}."""
-        mt, r, _ = self._ma_request(m.make(MsgType.SERVICES, _new_id()), self.discovery_timeout)
+        mt, r, _ = self._ma_request(m.make(MsgType.SERVICES, new_id()), self.options.discovery_timeout)
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
         self._addresses.update({k: v for k, v in (r.get("servers") or {}).items() if v})
@@ -281,19 +328,23 @@ class GreenClient:
         (a name, an address or a :class:`ServerInfo`) — recorded as ``bound``."""
         kind = "call" if server is None else "bound"
         t0 = time.perf_counter()
-        timeout = self.timeout if timeout is None else timeout
+        o = self.options
+        timeout = o.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         disc_ms = 0.0
         try:
             buffers: list = []
             tree_args = codec.encode(list(args), buffers)
             tree_kwargs = codec.encode(dict(kwargs), buffers)
+            size = sum(len(memoryview(b).cast("B")) if not isinstance(b, bytes) else len(b) for b in buffers)
+            if size > o.max_message_size:
+                raise MessageTooLarge(f"arguments of {service} are {size} bytes; the maximum message "
+                                      f"size is {o.max_message_size}")
             if server is None:
-                k = self.max_candidates if self.failover else 1
-                candidates, _ = self._discover(service, k, aggregator, (), _left(deadline))
+                k = o.max_candidates if o.failover else 1
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                candidates, _ = self._discover(service, k, aggregator, (), left)
                 disc_ms = (time.perf_counter() - t0) * 1000
-                if not candidates:
-                    raise NoServerAvailable(f"no server available for {service!r}")
             else:
                 candidates = [self.resolve(server)]
             value, size, srv = self._dispatch(service, candidates, tree_args, tree_kwargs, buffers, deadline)
@@ -315,125 +366,25 @@ class GreenClient:
         return GreenHandle(self, service, server)
 
     def _dispatch(self, service, candidates, tree_args, tree_kwargs, buffers, deadline):
-        errors: list[str] = []
-        for i, srv in enumerate(candidates):
-            last = i == len(candidates) - 1 or not self.failover
-            a = self._send_call(service, srv, tree_args, tree_kwargs, buffers)
-            try:
-                try:
-                    a.accepted.get(timeout=_left(deadline, self.ack_timeout))
-                except gevent.Timeout:
-                    self._cancel(a, srv)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise Timeout(f"call to {service} timed out before {srv.name} accepted it") from None
-                    errors.append(f"{srv.name}: no answer within {self.ack_timeout}s")
-                    if last:
-                        break
-                    continue
-                except (CommunicationError, NoServerAvailable, ServiceNotFound) as exc:
-                    if last and not isinstance(exc, CommunicationError):
-                        raise
-                    errors.append(f"{srv.name}: {exc}")
-                    if last:
-                        break
-                    continue
-                try:
-                    return self._wait_result(a, srv, deadline, service)
-                except CommunicationError as exc:
-                    if last:
-                        raise
-                    errors.append(f"{srv.name}: {exc}")
-                    continue
-            finally:
-                self._attempts.pop(a.id, None)
-        raise CommunicationError(f"no candidate server could run {service}: " + "; ".join(errors))
-
-    def _wait_result(self, a: _Attempt, srv: ServerInfo, deadline, service):
-        while True:
-            wait = _left(deadline, self.ping_interval)
-            try:
-                return a.result.get(timeout=wait)
-            except gevent.Timeout:
-                pass
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                self._cancel(a, srv)
-                raise Timeout(f"call to {service} on {srv.name} timed out")
-            if now - a.last_news > self.ping_timeout:
-                raise CommunicationError(f"server {srv.name} ({srv.address}) stopped answering "
-                                         f"for {now - a.last_news:.1f}s")
-            try:
-                self._sed(srv.address).send([m.dumps(m.make(MsgType.PING, _new_id(), ids=[a.id]))])
-            except GridRPCError:
-                pass
+        if self.closed:
+            raise CommunicationError("client is closed")
+        header = m.make(MsgType.CALL, "", service=service, args=tree_args, kwargs=tree_kwargs,
+                        user=self.user, optional=False)
+        machine = CallMachine(service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
+        outcome = self._driver.wait(self._driver.launch(machine, header, buffers))
+        if type(outcome) is Done:
+            value, size = outcome.value
+            return value, size, outcome.server
+        raise exception_for(outcome.error)
 
     def _sed(self, address: str) -> _Socket:
         s = self._seds.get(address)
         if s is None or s.closed:
-            s = _Socket(address, self._on_sed, f"client->{address}")
+            if self.closed:
+                raise CommunicationError("client is closed")
+            s = _Socket(address, functools.partial(self._driver.on_message, address), f"client->{address}")
             self._seds[address] = s
         return s
-
-    def _send_call(self, service, srv: ServerInfo, tree_args, tree_kwargs, buffers) -> _Attempt:
-        if self.closed:
-            raise CommunicationError("client is closed")
-        a = _Attempt(id=_new_id(), server=srv.name)
-        self._attempts[a.id] = a
-        header = m.make(MsgType.CALL, a.id, service=service, args=tree_args, kwargs=tree_kwargs,
-                        user=self.user, optional=False)
-        if srv.name:
-            header["sed"] = srv.name
-        try:
-            self._sed(srv.address).send([m.dumps(header), *buffers])
-        except GridRPCError as exc:
-            _fail(a, CommunicationError(str(exc)))
-        return a
-
-    def _cancel(self, a: _Attempt, srv: ServerInfo) -> None:
-        h = m.make(MsgType.CANCEL, a.id)
-        if srv.name:
-            h["sed"] = srv.name
-        try:
-            self._sed(srv.address).send([m.dumps(h)])
-        except GridRPCError:
-            pass
-
-    def _on_sed(self, frames: list) -> None:
-        try:
-            mt, h = m.parse_header(frames[0].bytes)
-        except ProtocolError as exc:
-            log.warning("bad message from a SeD: %s", exc)
-            return
-        now = time.monotonic()
-        if mt is MsgType.PONG:
-            for cid, state in (h.get("calls") or {}).items():
-                a = self._attempts.get(cid)
-                if a is None:
-                    continue
-                if state == "unknown" and a.accepted.ready():
-                    _fail(a, CommunicationError(f"{a.server} lost call {cid} (restarted?)"))
-                else:
-                    a.last_news = now
-            return
-        a = self._attempts.get(h["id"])
-        if a is None:
-            return                      # late answer, cancel ack, duplicate
-        a.last_news = now
-        if mt is MsgType.ACCEPTED:
-            if not a.accepted.ready():
-                a.accepted.set(h.get("sed"))
-        elif mt is MsgType.RESULT:
-            try:
-                value = codec.decode(h.get("value"), [f.buffer for f in frames[1:]])
-            except ProtocolError as exc:
-                _fail(a, exc)
-                return
-            if not a.accepted.ready():
-                a.accepted.set(h.get("server"))
-            if not a.result.ready():
-                a.result.set((value, sum(len(f) for f in frames), h.get("server") or a.server))
-        elif mt is MsgType.ERROR:
-            _fail(a, error_from_wire(h["error"], server=h.get("server") or a.server))
 
     # -- records ----------------------------------------------------------
     def _record(self, kind: str, service: str, t0: float, **kw) -> None:
@@ -456,20 +407,3 @@ class GreenHandle:
     def __repr__(self) -> str:
         s = self.server.name if isinstance(self.server, ServerInfo) else self.server
         return f"<GreenHandle {self.service} on {s or '(discovery)'}>"
-
-
-def _fail(a: _Attempt, exc: BaseException) -> None:
-    for r in (a.accepted, a.result):
-        if not r.ready():
-            r.set_exception(exc)
-
-
-def _left(deadline: float | None, cap: float | None = None) -> float | None:
-    if deadline is None:
-        return cap
-    left = max(0.0, deadline - time.monotonic())
-    return left if cap is None else min(left, cap)
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex

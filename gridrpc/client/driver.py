@@ -1,0 +1,270 @@
+"""Drivers of the call machine (:mod:`gridrpc.core.call`).
+
+A driver owns sockets, timers and whatever a caller waits on; the machine
+owns every protocol rule. :class:`CallDriver` is the part shared by all
+drivers — request ids to calls, replies turned into events, actions carried
+out — and :class:`AsyncCallDriver` adds asyncio: one timer per call at its
+``next_wakeup()``, pings batched per address, a future per call resolved with
+the machine's :class:`~gridrpc.core.call.Done` or
+:class:`~gridrpc.core.call.Fail`. The asyncio client and the cloud relay use
+it; the gevent load-test client subclasses :class:`CallDriver` with
+greenlet waits (:mod:`gridrpc.loadtest.green`).
+
+The transport is a function ``send(address, frames)`` raising a
+:class:`~gridrpc.errors.GridRPCError` when the frames cannot leave; the
+owner calls :meth:`CallDriver.on_message` with what each server sends.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from ..core import messages as m
+from ..core.call import (Abort, Accepted, Cancel, CancelAck, CallError, CallMachine, Done, Error, Fail, FailOver,
+                         Malformed, Pong, Result, SendCall, SendCancel, SendFailed, SendPing, Start, Tick)
+from ..core.messages import MsgType
+from ..errors import GridRPCError, ProtocolError, error_from_wire
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Flight", "CallDriver", "AsyncCallDriver", "exception_for"]
+
+_START, _TICK, _CANCEL = Start(), Tick(), Cancel()
+
+
+def exception_for(error: CallError) -> GridRPCError:
+    """The :mod:`gridrpc.errors` exception users see for a failed call."""
+    return error_from_wire(error.to_wire(), server=error.server)
+
+
+class Flight:
+    """One call in flight: its machine, the CALL header (its ``id``/``sed``
+    are set per attempt) and binary frames, what its caller waits on
+    (``waiter``), and the caller's ``context`` (a :class:`gridrpc.Call`)."""
+
+    __slots__ = ("machine", "header", "buffers", "context", "waiter", "timer", "outcome", "waiting_until")
+
+    def __init__(self, machine: CallMachine, header: dict, buffers: list, context: Any = None) -> None:
+        self.machine, self.header, self.buffers, self.context = machine, header, buffers, context
+        self.waiter: Any = None
+        self.timer: Any = None
+        self.outcome: Done | Fail | None = None
+        self.waiting_until: float | None = None
+
+
+class CallDriver:
+    """Transport-independent part of a driver. ``clock()``: monotonic
+    seconds; ``new_id()``: request ids for pings; ``decode(header, frames)``:
+    the value of a RESULT (raises on a bad one); ``on_attempt(flight,
+    action)``: told of every CALL sent."""
+
+    def __init__(self, *, clock: Callable[[], float], new_id: Callable[[], str],
+                 decode: Callable[[dict, list], Any], name: str = "client",
+                 on_attempt: Callable[[Flight, SendCall], None] | None = None) -> None:
+        self.clock, self.new_id, self.decode, self.name = clock, new_id, decode, name
+        self.on_attempt = on_attempt
+        self.flights: dict[str, Flight] = {}        # request id -> its call (every attempt not forgotten)
+
+    # -- to provide -------------------------------------------------------------------------
+    def send(self, address: str, frames: list) -> None:
+        raise NotImplementedError
+
+    def _arm(self, flight: Flight) -> None:
+        """The machine's next wakeup may have changed."""
+
+    def _disarm(self, flight: Flight) -> None:
+        """The call is over or forgotten: drop its timer."""
+
+    def _finish(self, flight: Flight, outcome: Done | Fail) -> None:
+        flight.outcome = outcome
+
+    # -- the caller's side ------------------------------------------------------------------
+    def launch(self, machine: CallMachine, header: dict, buffers: list, context: Any = None) -> Flight:
+        flight = Flight(machine, header, buffers, context)
+        self._prepare(flight)
+        self.feed(flight, _START)
+        return flight
+
+    def _prepare(self, flight: Flight) -> None:
+        """Create what the caller waits on (before the first event)."""
+
+    def cancel(self, flight: Flight) -> None:
+        """The user cancels: CANCEL to the server; the call ends when it confirms."""
+        self.feed(flight, _CANCEL)
+
+    def abandon(self, flight: Flight) -> None:
+        """The caller stopped waiting (task cancelled, greenlet killed): the
+        server gets a CANCEL and the call is forgotten."""
+        if not flight.machine.finished:
+            self.feed(flight, _CANCEL)
+        self._forget(flight)
+        self._disarm(flight)
+
+    def abort_all(self, message: str, kind: str = "communication") -> None:
+        """Fail every call in flight (client closed, VM gone); each server gets a CANCEL."""
+        for flight in list(dict.fromkeys(self.flights.values())):
+            self.feed(flight, Abort(kind, message))
+
+    # -- events -----------------------------------------------------------------------------
+    def feed(self, flight: Flight, event: Any, now: float | None = None) -> None:
+        machine = flight.machine
+        actions = machine.handle(event, self.clock() if now is None else now)
+        while actions:
+            follow = None
+            for a in actions:
+                t = type(a)
+                if t is SendCall:
+                    follow = self._send_call(flight, a)
+                elif t is SendPing:
+                    self._ping(a)
+                elif t is SendCancel:
+                    self._cancel(a)
+                elif t is FailOver:
+                    if self.flights.get(a.id) is flight:
+                        del self.flights[a.id]
+                    log.warning("%s: call %s of %s: %s %s; trying %s", self.name, a.id, machine.service,
+                                a.server, a.reason, a.next_server)
+                else:                                   # Done / Fail
+                    self._forget(flight)
+                    self._disarm(flight)
+                    self._finish(flight, a)
+            actions = machine.handle(follow, self.clock()) if follow is not None else None
+        if not machine.finished:
+            self._arm(flight)
+
+    def on_message(self, address: str, frames: list) -> None:
+        """A message from the server at ``address`` (``frames[0]`` the header)."""
+        try:
+            mt, h = m.parse_header(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        except ProtocolError as exc:
+            log.warning("%s: bad message from %s: %s", self.name, address, exc)
+            for flight in list(dict.fromkeys(self.flights.values())):
+                if flight.machine.address == address:
+                    self.feed(flight, Malformed(str(exc)))
+            return
+        if mt is MsgType.PONG:
+            calls = h.get("calls")
+            if isinstance(calls, dict):
+                for cid, state in calls.items():
+                    flight = self.flights.get(cid)
+                    if flight is not None:
+                        self.feed(flight, Pong(cid, str(state)))
+            return
+        cid = h["id"]
+        flight = self.flights.get(cid)
+        if flight is None:
+            return                      # late answer to a call given up, cancel ack of a forgotten call
+        if mt is MsgType.RESULT:
+            try:
+                value = self.decode(h, frames)
+            except Exception as exc:  # noqa: BLE001 - whatever a bad result raises fails this call only
+                log.warning("%s: undecodable result of %s from %s: %r", self.name, cid, address, exc)
+                event: Any = Malformed(f"undecodable result: {exc}", cid)
+            else:
+                event = Result(cid, value, _dict(h.get("timing")), _str(h.get("server")))
+        elif mt is MsgType.ACCEPTED:
+            event = Accepted(cid, h.get("patience"))
+        elif mt is MsgType.ERROR:
+            event = Error(cid, h["error"], _dict(h.get("timing")), _str(h.get("server")),
+                          reply=(mt, h, list(frames[1:])))
+        elif mt is MsgType.CANCELLED:
+            event = CancelAck(cid, _str(h.get("state")))
+        else:
+            event = Malformed(f"unexpected {mt.value!r} message", cid)
+        self.feed(flight, event)
+
+    # -- actions ----------------------------------------------------------------------------
+    def _send_call(self, flight: Flight, a: SendCall) -> SendFailed | None:
+        self.flights[a.id] = flight
+        if self.on_attempt is not None:
+            self.on_attempt(flight, a)
+        h = flight.header
+        h["id"] = a.id
+        if a.server:
+            h["sed"] = a.server
+        else:
+            h.pop("sed", None)
+        try:
+            self.send(a.address, [m.dumps(h), *flight.buffers])
+        except GridRPCError as exc:
+            return SendFailed(str(exc))
+        return None
+
+    def _ping(self, a: SendPing) -> None:
+        self._send_pings(a.address, [a.id])
+
+    def _send_pings(self, address: str, ids: list[str]) -> None:
+        try:
+            self.send(address, [m.dumps(m.make(MsgType.PING, self.new_id(), ids=ids))])
+        except GridRPCError:
+            pass                        # silence is the machine's business
+
+    def _cancel(self, a: SendCancel) -> None:
+        h = m.make(MsgType.CANCEL, a.id, sed=a.server) if a.server else m.make(MsgType.CANCEL, a.id)
+        try:
+            self.send(a.address, [m.dumps(h)])
+        except GridRPCError as exc:
+            log.info("%s: CANCEL of %s to %s not sent: %s", self.name, a.id, a.server, exc)
+
+    def _forget(self, flight: Flight) -> None:
+        for i in flight.machine.attempts:
+            if self.flights.get(i) is flight:
+                del self.flights[i]
+
+
+class AsyncCallDriver(CallDriver):
+    """The asyncio driver: ``flight.waiter`` is a future resolved with the
+    outcome (never with an exception); one ``loop.call_at`` timer per call;
+    pings of one loop iteration go out as one PING per address."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[str, list], None], **kw: Any) -> None:
+        super().__init__(clock=loop.time, **kw)
+        self.loop = loop
+        self.send = send                                    # type: ignore[method-assign]
+        self._pings: dict[str, list[str]] = {}
+
+    def _prepare(self, flight: Flight) -> None:
+        flight.waiter = self.loop.create_future()
+
+    def _arm(self, flight: Flight) -> None:
+        w = flight.machine.next_wakeup()
+        t = flight.timer
+        if t is not None:
+            if w is not None and t.when() <= w:
+                return                  # fires early: the tick is a no-op and re-arms
+            t.cancel()
+        flight.timer = None if w is None else self.loop.call_at(w, self._on_timer, flight, w)
+
+    def _on_timer(self, flight: Flight, when: float) -> None:
+        flight.timer = None
+        if not flight.machine.finished:
+            self.feed(flight, _TICK, max(self.loop.time(), when))
+
+    def _disarm(self, flight: Flight) -> None:
+        if flight.timer is not None:
+            flight.timer.cancel()
+            flight.timer = None
+
+    def _finish(self, flight: Flight, outcome: Done | Fail) -> None:
+        flight.outcome = outcome
+        if not flight.waiter.done():
+            flight.waiter.set_result(outcome)
+
+    def _ping(self, a: SendPing) -> None:
+        if not self._pings:
+            self.loop.call_soon(self._flush_pings)
+        self._pings.setdefault(a.address, []).append(a.id)
+
+    def _flush_pings(self) -> None:
+        pings, self._pings = self._pings, {}
+        for address, ids in pings.items():
+            self._send_pings(address, ids)
+
+
+def _dict(v: Any) -> dict | None:
+    return v if isinstance(v, dict) else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None

@@ -1,0 +1,482 @@
+"""The client side of one call to a SeD, as a sans-IO state machine.
+
+Three drivers run it: the asyncio client (:mod:`gridrpc.client.aio`), the
+gevent load-test client (:mod:`gridrpc.loadtest.green`) and the cloud SeD
+relaying a call to the SeD on a VM (:mod:`gridrpc.sed.cloud.relay`). They own
+sockets, timers and futures; every protocol rule is here, in the style of
+h11: ``machine.handle(event, now) -> list[action]`` and
+``machine.next_wakeup()``. No asyncio, no zmq, no clock: ``now`` is an
+argument (any monotonic clock, in seconds).
+
+Phases and what moves them (``*`` = CANCEL sent to the server left)::
+
+    NEW ──Start──▶ WAITING ──Accepted──▶ RUNNING ──Result──▶ DONE
+                     │  ack timeout*, send failed,   │  silence > max(ping_timeout, patience)*,
+                     │  ERROR no_server|service_     │  PONG "unknown", ERROR communication,
+                     │  not_found|communication,     │  malformed reply*
+                     │  malformed reply*             │
+                     └──────────┬────────────────────┘
+                                ▼
+                next candidate (failover allowed) ─▶ WAITING, else FAILED
+    WAITING/RUNNING ──deadline*──▶ FAILED (timeout)   ──ERROR (other kinds)──▶ FAILED
+    WAITING/RUNNING ──Cancel*──▶ CANCELLING ──CANCELLED ack, ERROR, ack_timeout──▶ FAILED
+                                            ──Result──▶ DONE
+    any live phase ──Abort*──▶ FAILED (the driver stops: client closed, VM gone)
+
+Rules worth knowing:
+
+- ``ack_timeout``: a server has that long to answer the CALL (ACCEPTED,
+  RESULT or ERROR); then it is cancelled and the next candidate tried.
+- Pings: while RUNNING, on the grid of ``ping_interval`` (``k *
+  ping_interval`` on the driver's clock, so a driver wakes once for all its
+  calls and may batch the pings per address), a PING when the server has been
+  silent for 0.9 ``ping_interval``. Silence longer than ``max(ping_timeout,
+  patience)`` gives the server up (``patience``: what ACCEPTED announced, e.g.
+  a batch SeD that may restart; at most ``policy.max_patience``).
+- A PONG saying ``done`` while no RESULT came (the answer was lost) sends the
+  CALL again under the same id: a SeD answers a known id from its cache and
+  never runs a call twice.
+- Failover only when ``policy.failover``; otherwise only the first candidate.
+- Every server given up on while it may still hold the call receives a
+  CANCEL (not after its RESULT, ERROR or a PONG ``unknown``, nor when the
+  CALL could not be sent).
+- Exactly one :class:`Done` or :class:`Fail` per machine; after it every
+  event is ignored.
+
+Errors are data (:class:`CallError`: a wire error kind and a message); the
+drivers turn them into :mod:`gridrpc.errors` exceptions with
+``error_from_wire(err.to_wire(), server=err.server)``.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+__all__ = [
+    "Phase", "CallPolicy", "CallError", "CallMachine", "Target",
+    # events
+    "Start", "CallSent", "SendFailed", "Accepted", "Pong", "Result", "Error", "Malformed", "CancelAck",
+    "Tick", "Cancel", "Abort",
+    # actions
+    "SendCall", "SendPing", "SendCancel", "FailOver", "Done", "Fail",
+]
+
+
+class Phase(str, enum.Enum):
+    NEW = "new"
+    WAITING = "waiting"          # CALL sent, no ACCEPTED yet
+    RUNNING = "running"          # accepted: pings until the answer
+    CANCELLING = "cancelling"    # CANCEL sent for the user: waiting for the server's word
+    DONE = "done"
+    FAILED = "failed"
+
+
+_LIVE = (Phase.WAITING, Phase.RUNNING)
+_FAILOVER_WHILE_WAITING = frozenset({"no_server", "service_not_found", "communication"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallPolicy:
+    """The protocol's knobs (seconds). ``failover``: try the next candidate
+    when a server fails; ``max_patience`` bounds the ``patience`` a server may
+    ask for."""
+    ack_timeout: float = 5.0
+    ping_interval: float = 1.0
+    ping_timeout: float = 4.0
+    failover: bool = True
+    max_patience: float = 3600.0
+
+
+class Target(Protocol):
+    """A candidate server (``gridrpc.ServerInfo`` is one)."""
+    name: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallError:
+    """Why a call failed. ``kind`` is a wire error kind (``gridrpc.errors.
+    ERROR_KINDS``); ``wire`` is the server's own error dict when the server
+    answered ERROR (then ``reply`` is that answer as the driver received it);
+    ``timing`` the server's timing of the call, if it sent one."""
+    kind: str
+    message: str
+    server: str | None = None
+    wire: dict | None = None
+    timing: dict = field(default_factory=dict)
+    reply: Any = None
+
+    @property
+    def from_server(self) -> bool:
+        return self.wire is not None
+
+    def to_wire(self) -> dict:
+        return self.wire if self.wire is not None else {"kind": self.kind, "message": self.message}
+
+
+# -- events (in) ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Begin: the CALL goes to the first candidate."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSent:
+    """Optional: the CALL actually left now (drivers whose sends are queued);
+    the ack timeout counts from here."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailed:
+    """The CALL could not be sent to the current server."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    id: str
+    patience: Any = None         # as received: validated here
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    id: str
+    state: str                   # queued | running | done | unknown | ...
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    id: str
+    value: Any                   # decoded by the driver (or the raw reply, for a relay)
+    timing: dict | None = None
+    server: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    id: str
+    error: dict                  # the wire error {kind, type, message, traceback}
+    timing: dict | None = None
+    server: str | None = None
+    reply: Any = None            # the answer as received (relays forward it)
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """The current server sent something unusable (a header that does not
+    parse, a result that does not decode). ``id`` None: unattributable, it
+    concerns every call waiting on that server."""
+    reason: str
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAck:
+    id: str
+    state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (drivers tick at :meth:`CallMachine.next_wakeup`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The user cancels the call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """The driver stops (client closed, VM gone): fail with this error."""
+    kind: str
+    message: str
+
+
+# -- actions (out) ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SendCall:
+    id: str
+    server: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendPing:
+    id: str
+    server: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendCancel:
+    id: str
+    server: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailOver:
+    """The current attempt ``id`` is given up; a :class:`SendCall` to
+    ``next_server`` follows."""
+    id: str
+    server: str
+    reason: str
+    next_server: str
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    value: Any
+    server: str
+    timing: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    error: CallError
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+class CallMachine:
+    """One call. ``candidates``: ranked servers (objects with ``name`` and
+    ``address``); ``deadline``: absolute time on the driver's clock, or None;
+    ``new_id()``: a fresh request id per attempt; ``noun``: what the servers
+    are called in messages."""
+
+    __slots__ = ("service", "candidates", "policy", "deadline", "new_id", "noun", "phase", "index", "id",
+                 "server", "address", "attempts", "sent_at", "last_news", "last_ping", "patience",
+                 "cancel_at", "failures", "now")
+
+    def __init__(self, service: str, candidates: Sequence[Target], *, policy: CallPolicy,
+                 deadline: float | None = None, new_id: Callable[[], str], noun: str = "server") -> None:
+        self.service = service
+        self.candidates = tuple(candidates) if policy.failover else tuple(candidates)[:1]
+        self.policy = policy
+        self.deadline = deadline
+        self.new_id = new_id
+        self.noun = noun
+        self.phase = Phase.NEW
+        self.index = -1
+        self.id: str | None = None
+        self.server = ""
+        self.address = ""
+        self.attempts: list[str] = []
+        self.sent_at = self.last_news = self.last_ping = self.cancel_at = -math.inf
+        self.patience = 0.0
+        self.failures: list[str] = []
+        self.now = -math.inf
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.DONE or self.phase is Phase.FAILED
+
+    def handle(self, event: Any, now: float) -> list:
+        """Apply ``event`` at time ``now``; returns the actions to carry out, in order."""
+        if self.phase is Phase.DONE or self.phase is Phase.FAILED:
+            return []
+        self.now = now
+        return _HANDLERS[type(event)](self, event, now)
+
+    def next_wakeup(self) -> float | None:
+        """When the driver must call ``handle(Tick(), now)`` next (None: no timer)."""
+        ph = self.phase
+        if ph is Phase.WAITING:
+            w = self.sent_at + self.policy.ack_timeout
+        elif ph is Phase.RUNNING:
+            pi = self.policy.ping_interval
+            w = (math.floor(self.now / pi) + 1) * pi      # the ping grid: every call wakes together
+            if w <= self.now:
+                w += pi
+        elif ph is Phase.CANCELLING:
+            return self.cancel_at + self.policy.ack_timeout
+        else:
+            return None
+        d = self.deadline
+        return w if d is None or w < d else d
+
+    def statistics(self) -> dict:
+        return {"service": self.service, "phase": self.phase.value, "server": self.server, "id": self.id,
+                "attempts": list(self.attempts), "failures": list(self.failures), "patience": self.patience}
+
+    # -- transitions -----------------------------------------------------------------------
+    def _start(self, ev: Start, now: float) -> list:
+        if self.phase is not Phase.NEW:
+            return []
+        if not self.candidates:
+            return self._fail(CallError(kind="no_server", message=f"no server available for {self.service!r}"))
+        if self.deadline is not None and now >= self.deadline:
+            return self._fail(CallError(kind="timeout",
+                                        message=f"call to {self.service} timed out before it was sent"))
+        return self._send_to(0, now)
+
+    def _call_sent(self, ev: CallSent, now: float) -> list:
+        if self.phase is Phase.WAITING:
+            self.sent_at = now
+        return []
+
+    def _send_failed(self, ev: SendFailed, now: float) -> list:
+        if self.phase is not Phase.WAITING:
+            return []
+        return self._leave(now, ev.reason, cancel=False)
+
+    def _accepted(self, ev: Accepted, now: float) -> list:
+        if ev.id != self.id:
+            return []
+        if self.phase is Phase.WAITING:
+            self.phase = Phase.RUNNING
+        self.last_news = now
+        p = ev.patience
+        if type(p) in (int, float) and p > 0:           # not bool, not NaN
+            self.patience = min(float(p), self.policy.max_patience)
+        return []
+
+    def _pong(self, ev: Pong, now: float) -> list:
+        if ev.id != self.id:
+            return []
+        if self.phase is Phase.RUNNING:
+            if ev.state == "unknown":
+                return self._leave(now, "lost the call (restarted?)", cancel=False, error=CallError(
+                    kind="communication", message=f"{self.server} lost call {self.id} (restarted?)",
+                    server=self.server))
+            self.last_news = now
+            if ev.state == "done":           # answered, but the RESULT never came: ask again
+                return [SendCall(self.id, self.server, self.address)]
+            return []
+        if self.phase is Phase.WAITING:
+            self.last_news = now
+        return []
+
+    def _result(self, ev: Result, now: float) -> list:
+        if ev.id != self.id:
+            return []
+        self.phase = Phase.DONE
+        return [Done(ev.value, ev.server or self.server, ev.timing or {})]
+
+    def _error(self, ev: Error, now: float) -> list:
+        if ev.id != self.id:
+            return []
+        wire = ev.error
+        kind = wire.get("kind")
+        kind = kind if type(kind) is str else "remote"
+        err = CallError(kind=kind, message=str(wire.get("message", "")), server=ev.server or self.server,
+                        wire=wire, timing=ev.timing or {}, reply=ev.reply)
+        if self.phase is Phase.WAITING and kind in _FAILOVER_WHILE_WAITING:
+            return self._leave(now, err.message, cancel=False, error=None if kind == "communication" else err)
+        if self.phase is Phase.RUNNING and kind == "communication":
+            return self._leave(now, err.message, cancel=False, error=err)
+        return self._fail(err)
+
+    def _malformed(self, ev: Malformed, now: float) -> list:
+        if (ev.id is not None and ev.id != self.id) or self.phase is Phase.NEW:
+            return []
+        if self.phase is Phase.CANCELLING:
+            return self._fail(self._cancelled())
+        return self._leave(now, f"sent a malformed reply: {ev.reason}", cancel=True, error=CallError(
+            kind="protocol", server=self.server,
+            message=f"{self.noun} {self.server} ({self.address}) sent a malformed reply: {ev.reason}"))
+
+    def _cancel_ack(self, ev: CancelAck, now: float) -> list:
+        if ev.id != self.id or self.phase is not Phase.CANCELLING:
+            return []
+        return self._fail(self._cancelled())
+
+    def _tick(self, ev: Tick, now: float) -> list:
+        ph = self.phase
+        pol = self.policy
+        if ph is Phase.CANCELLING:
+            return self._fail(self._cancelled()) if now >= self.cancel_at + pol.ack_timeout else []
+        if ph is not Phase.WAITING and ph is not Phase.RUNNING:
+            return []
+        if self.deadline is not None and now >= self.deadline:
+            return self._timeout()
+        if ph is Phase.WAITING:
+            if now >= self.sent_at + pol.ack_timeout:
+                return self._leave(now, f"no answer within {pol.ack_timeout}s", cancel=True)
+            return []
+        silence = now - self.last_news
+        if silence > max(pol.ping_timeout, self.patience):
+            return self._leave(now, f"silent for {silence:.1f}s", cancel=True, error=CallError(
+                kind="communication", server=self.server,
+                message=f"{self.noun} {self.server} ({self.address}) stopped answering for {silence:.1f}s"))
+        nearly = 0.9 * pol.ping_interval
+        if silence >= nearly and now - self.last_ping >= nearly:
+            self.last_ping = now
+            return [SendPing(self.id, self.server, self.address)]
+        return []
+
+    def _cancel(self, ev: Cancel, now: float) -> list:
+        if self.phase is Phase.NEW:
+            return self._fail(self._cancelled())
+        if self.phase not in _LIVE:
+            return []
+        self.phase = Phase.CANCELLING
+        self.cancel_at = now
+        return [SendCancel(self.id, self.server, self.address)]
+
+    def _abort(self, ev: Abort, now: float) -> list:
+        out = [SendCancel(self.id, self.server, self.address)] if self.phase in _LIVE else []
+        return out + self._fail(CallError(kind=ev.kind, message=ev.message, server=self.server or None))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _send_to(self, i: int, now: float) -> list:
+        c = self.candidates[i]
+        self.index = i
+        self.id = self.new_id()
+        self.server, self.address = c.name, c.address
+        self.attempts.append(self.id)
+        self.phase = Phase.WAITING
+        self.sent_at = self.last_news = now
+        self.last_ping = -math.inf
+        self.patience = 0.0
+        return [SendCall(self.id, self.server, self.address)]
+
+    def _leave(self, now: float, reason: str, *, cancel: bool, error: CallError | None = None) -> list:
+        """Give the current server up: CANCEL it if it may hold the call, then
+        the next candidate; with none left, fail with ``error`` (None: one
+        CommunicationError listing every server's reason)."""
+        out: list = [SendCancel(self.id, self.server, self.address)] if cancel else []
+        self.failures.append(f"{self.server}: {reason}")
+        nxt = self.index + 1
+        if nxt < len(self.candidates):
+            if self.deadline is not None and now >= self.deadline:
+                return out + self._fail(self._timeout_error())
+            out.append(FailOver(self.id, self.server, reason, self.candidates[nxt].name))
+            return out + self._send_to(nxt, now)
+        if error is None:
+            error = CallError(kind="communication", server=self.server or None,
+                              message=f"no candidate {self.noun} could run {self.service}: "
+                                      + "; ".join(self.failures))
+        return out + self._fail(error)
+
+    def _timeout_error(self) -> CallError:
+        if self.phase is Phase.WAITING:
+            msg = f"call to {self.service} timed out before {self.server} accepted it"
+        else:
+            msg = f"call to {self.service} on {self.server} timed out"
+        return CallError(kind="timeout", message=msg, server=self.server)
+
+    def _timeout(self) -> list:
+        err = self._timeout_error()
+        return [SendCancel(self.id, self.server, self.address)] + self._fail(err)
+
+    def _cancelled(self) -> CallError:
+        return CallError(kind="cancelled", message=f"call to {self.service} cancelled", server=self.server or None)
+
+    def _fail(self, error: CallError) -> list:
+        self.phase = Phase.FAILED
+        return [Fail(error)]
+
+
+_HANDLERS: dict[type, Callable[[CallMachine, Any, float], list]] = {
+    Start: CallMachine._start, CallSent: CallMachine._call_sent, SendFailed: CallMachine._send_failed,
+    Accepted: CallMachine._accepted, Pong: CallMachine._pong, Result: CallMachine._result,
+    Error: CallMachine._error, Malformed: CallMachine._malformed, CancelAck: CallMachine._cancel_ack,
+    Tick: CallMachine._tick, Cancel: CallMachine._cancel, Abort: CallMachine._abort,
+}

@@ -172,7 +172,9 @@ def test_cancel_while_pending_and_while_running(cluster, tmp_path):
         # running: the job starts, the service runs, cancel kills it for real
         running = c.submit("job_info", 300, server=addr(sed))
         job = job_of(sed, running.id, "running")
-        started = tmp_path / "shared" / "bsed" / "jobs" / running.id / "started.json"
+        # the call's directory is the SeD's choice (never named after the request id)
+        assert running.id not in job["dir"] and job["dir"].startswith(str(tmp_path / "shared" / "bsed" / "jobs"))
+        started = Path(job["dir"]) / "started.json"
         wait_until(started.exists, 20, "the service to start")
         pid = json.loads(started.read_text())["pid"]
         running.cancel()
@@ -184,13 +186,13 @@ def test_cancel_while_pending_and_while_running(cluster, tmp_path):
         blocker = block_cluster(cluster, 8)
         pending = c.submit("add", 1, 1, server=addr(sed))
         job = job_of(sed, pending.id)
+        assert (Path(job["dir"]) / "call.json").exists()
         wait_until(lambda: squeue_state(cluster, job["job_id"]).startswith("PENDING"), 10, "PENDING")
         pending.cancel()
         with pytest.raises(gridrpc.CallCancelled):
             pending.result(timeout=30)
         wait_until(lambda: squeue_state(cluster, job["job_id"]).startswith("CANCELLED"), 30, "CANCELLED")
-        wait_until(lambda: not (tmp_path / "shared" / "bsed" / "jobs" / pending.id).exists(), 10,
-                   "the call directory to be removed")
+        wait_until(lambda: not Path(job["dir"]).exists(), 10, "the call directory to be removed")
         assert sed.batch_stats["cancelled"] == 2
         assert squeue_state(cluster, blocker).startswith("RUNNING")    # only our jobs were touched
 

@@ -659,3 +659,62 @@ def test_restart_resumes_cancels_and_adopts_jobs_that_started(tmp_path):
         _wait(lambda: sed.test_loop.call(sed.jobs).get("started-unknown", {}).get("state") == "done",
               what="the adopted job's answer to be kept")
         assert jobfiles.read_reply(jobs / "started-unknown")[0]["value"] == 42
+
+
+def test_state_files_results_and_job_scripts_are_written_off_the_event_loop(tmp_path, monkeypatch):
+    """Before: meta.json (with an fsync), job.sh, history.jsonl and kept answers
+    (reply.json/.bin: result buffers) were written by the SeD's event loop."""
+    import builtins
+    import importlib
+    import pkgutil
+    import gridrpc.sed.batch as batch_pkg
+
+    on_loop: list[str] = []
+    loop_thread: list[int] = []
+
+    def watch(name, fn):
+        def wrapper(*a, **kw):
+            if loop_thread and threading.get_ident() == loop_thread[0]:
+                on_loop.append(f"{name}({a[0] if a else ''})")
+            return fn(*a, **kw)
+        return wrapper
+
+    for name in ("write_json", "read_json", "write_buffers", "read_buffers", "write_call", "write_reply",
+                 "read_reply", "read_outcome", "tail"):
+        monkeypatch.setattr(jobfiles, name, watch(name, getattr(jobfiles, name)))
+    for info in pkgutil.iter_modules(batch_pkg.__path__):     # open() in any module of the batch SeD
+        mod = importlib.import_module(f"gridrpc.sed.batch.{info.name}")
+        if info.name not in ("jobfiles", "run_job"):
+            monkeypatch.setattr(mod, "open", watch("open", builtins.open), raising=False)
+    fake = FakeBackend()
+    lt = LoopThread()
+    loop_thread.append(lt.thread.ident)
+    try:
+        with fake_sed(tmp_path, fake, lt=lt) as sed, _client() as c:
+            call = c.submit("echo", np.arange(1000.0), server=_addr(sed))
+            fake.run(fake.wait_jobs(1))
+            assert (call.result(timeout=10) == np.arange(1000.0)).all()
+            # an answer nobody is there to take is kept on disk
+            s = zmq.Context.instance().socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(sed.address)
+            from gridrpc.core import codec
+            bufs: list = []
+            tree = codec.encode([b"x" * 5000], bufs)
+            s.send_multipart([m.dumps(m.make(MsgType.CALL, "gone-client", service="echo", args=tree,
+                                             kwargs={}, sed="fsed")), *bufs])
+            assert s.poll(5000)
+            s.close()
+            time.sleep(0.2)
+            fake.run(fake.wait_jobs(2))
+            _wait(lambda: lt.call(sed.jobs).get("gone-client", {}).get("state") == "done", what="kept answer")
+            # cancelled and refused calls
+            call = c.submit("sleep", 100, server=_addr(sed))
+            fake.wait_jobs(3)
+            call.cancel()
+            fake.refuse = "no"
+            with pytest.raises(gridrpc.RemoteError):
+                c.call("add", 1, 1, server=_addr(sed), timeout=10)
+        assert not on_loop, f"blocking file I/O on the event loop: {on_loop}"
+    finally:
+        lt.close()

@@ -111,7 +111,9 @@ def test_cancel_unknown_or_finished_is_a_no_op():
     assert s.cancel("r1", 2.0) == [] and s.cancel("nope", 2.0) == []
 
 
-def test_duplicate_ids_are_ignored_and_never_run_twice():
+def test_duplicate_ids_of_queued_or_running_requests_are_ignored():
+    # ids of requests that ended are refused by SedCalls, the one record of the
+    # ids a SeD has seen (tests/test_core_sed_calls.py)
     s = fcfs()
     assert s.submit(req("r1"), 0.0) == [Start("r1")]
     assert s.submit(req("r1", user="mallory"), 0.5) == []        # while running
@@ -119,20 +121,8 @@ def test_duplicate_ids_are_ignored_and_never_run_twice():
     s.submit(req("r2"), 1.0)
     assert s.submit(req("r2"), 1.5) == []                        # while waiting
     assert [r.id for r in s.waiting()] == ["r2"]
-    s.finished("r1", 2.0)
-    assert s.submit(req("r1"), 3.0) == []                        # after it finished
-    s.cancel("r2", 4.0)
-    assert s.submit(req("r2"), 5.0) == []                        # after it was cancelled
-    assert s.requests == {}
-
-
-def test_duplicate_of_an_active_request_never_runs_twice_even_if_forgotten():
-    s = SedScheduler(policy=FCFSPolicy(), max_concurrent=1, seen_limit=1)
-    assert s.submit(req("r1"), 0.0) == [Start("r1")]
-    s.submit(req("r2"), 1.0)                          # r1 leaves the bounded id memory
-    assert s.submit(req("r1"), 2.0) == []             # still running: no second Start
-    assert s.finished("r1", 3.0) == [Start("r2")]
-    assert s.finished("r2", 4.0) == [] and s.running == {}
+    assert s.finished("r1", 2.0) == [Start("r2")]
+    assert s.finished("r2", 3.0) == [] and s.requests == {}
 
 
 def test_allocation_accounting_per_user():
@@ -200,15 +190,18 @@ def test_policy_order_alone():
 def test_property_fcfs_invariants(max_concurrent, events):
     s = fcfs(max_concurrent)
     starts: list[str] = []
+    seen: set[str] = set()
     now = 0.0
     for kind, i in events:
         now += 1.0
         rid = f"r{i}"
         queue = [r.id for r in sorted(s.waiting(), key=lambda r: (r.submitted, r.seq))
                  if not (kind == "cancel" and r.id == rid)]
-        if kind == "submit" and rid not in s.seen:
-            queue.append(rid)
+        if kind == "submit" and rid in seen:
+            continue        # ids that were here are SedCalls' to refuse (test_core_sed_calls.py)
         if kind == "submit":
+            seen.add(rid)
+            queue.append(rid)
             acts = s.submit(req(rid, submitted=now), now)
         elif kind == "finish":
             acts = s.finished(rid, now) if rid in s.running else []

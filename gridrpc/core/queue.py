@@ -1,6 +1,8 @@
 """SeD request queue: a pure scheduler plus pluggable ordering policies.
 
-The :class:`SedScheduler` keeps the waiting and running requests of one SeD.
+The :class:`SedScheduler` keeps the waiting and running requests of one SeD
+(only those: the ids a SeD has seen, and their answers, are
+:class:`~gridrpc.core.sed_calls.SedCalls`'s, which wraps the schedulers).
 After every change it asks its policy for the full ordering of all requests
 (running and waiting); the first ``max_concurrent`` of that ordering should be
 running. The difference with what *is* running gives the actions:
@@ -13,7 +15,6 @@ Policies are small classes behind :class:`QueuePolicy`, registered by name in
 """
 from __future__ import annotations
 
-import collections
 import random
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping, Protocol, Sequence
@@ -107,19 +108,14 @@ class SedScheduler:
     _seq: int = 0
     _in_submit_order: bool = True        # arrivals came with non-decreasing submit times
     _last_submitted: float = float("-inf")
-    seen: set[str] = field(default_factory=set)
-    seen_order: collections.deque = field(default_factory=collections.deque)
-    seen_limit: int = 200_000         # ids remembered to refuse duplicates (bounded memory)
 
     # -- inputs ---------------------------------------------------------
     def submit(self, req: Request, now: float) -> list[Action]:
-        """Add a request. Duplicate ids are ignored (a SeD never runs an id twice)."""
-        if req.id in self.seen or req.id in self.requests:
+        """Add a request. The id of a request already here (waiting or
+        running) is ignored; ids of requests that ended are for the caller to
+        refuse (:class:`~gridrpc.core.sed_calls.SedCalls` does)."""
+        if req.id in self.requests:
             return []
-        self.seen.add(req.id)
-        self.seen_order.append(req.id)
-        if len(self.seen_order) > self.seen_limit:
-            self.seen.discard(self.seen_order.popleft())
         self._seq += 1
         if req.seq == 0:
             req = Request(id=req.id, user=req.user, service=req.service, optional=req.optional,

@@ -35,7 +35,7 @@ from ...core import codec
 
 __all__ = ["safe_name", "write_json", "read_json", "write_buffers", "read_buffers",
            "write_call", "read_call", "write_result", "write_error", "read_outcome", "Outcome",
-           "tail", "write_reply", "read_reply"]
+           "tail", "write_reply", "read_reply", "LaterFiles", "write_files", "write_script"]
 
 
 def safe_name(text: str, limit: int = 80) -> str:
@@ -209,3 +209,34 @@ def read_reply(d: str | os.PathLike) -> tuple[dict, list] | None:
     except FileNotFoundError:
         return None
     return r["header"], read_buffers(Path(d) / "reply.bin", r.get("sizes") or [])
+
+
+# -- files sent with a call, written when its job is prepared (off the SeD's loop) --------
+
+class LaterFiles:
+    """The codec's file writer for a batch call: gives each file its path in
+    the call's directory now, writes it later, off the loop, with the call."""
+
+    def __init__(self, directory: str, pending: list) -> None:
+        self.directory, self.pending = directory, pending
+
+    def __call__(self, ref) -> str:
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(str(ref.name)))[-64:].lstrip(".") or "file"
+        path = os.path.join(self.directory, f"f{len(self.pending)}-{name}")
+        self.pending.append((path, ref.data))
+        return path
+
+
+def write_files(files: list) -> None:
+    for path, data in files:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+
+
+def write_script(d: str, script: str) -> None:
+    try:
+        with open(os.path.join(d, "job.sh"), "w") as fh:
+            fh.write(script)
+    except OSError:
+        pass

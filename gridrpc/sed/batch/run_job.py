@@ -53,7 +53,7 @@ def run(d: str) -> int:
         fn = _load(meta["target"])
     except BaseException as exc:  # noqa: BLE001 - reported to the SeD
         try:
-            write_error(d, f"BatchSetupError", f"cannot start the call on {host}: "
+            write_error(d, "BatchSetupError", f"cannot start the call on {host}: "
                         f"{type(exc).__name__}: {exc}", traceback.format_exc(),
                         started=t0, ended=time.time(), host=host)
         except OSError:

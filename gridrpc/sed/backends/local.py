@@ -1,0 +1,116 @@
+"""Back-ends running calls on the SeD's own host: worker processes and inline."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback
+from typing import Any, Callable, ClassVar
+
+from ...core.estimation import queue_tags
+from ..workers import WorkerGone, WorkerPool
+from . import BaseBackend, Outcome, register_backend
+
+
+def queue_estimate(sed, replica, service, now: float, server_type: str) -> dict:
+    """Host metrics plus the queue's tags (``tcomp``, ``eft`` by simulating the queue...)."""
+    sch = replica.scheduler
+    vec = dict(sed.host.tags)
+    vec["server_type"] = server_type
+    vec.update(queue_tags(
+        service=service.name, predictor=replica.predictor, now=now,
+        num_waiting=len(sch.requests) - len(sch.running), num_running=len(sch.running),
+        max_concurrent=sch.max_concurrent, last_solve=replica.last_solve,
+        running=[(start, sch.requests[rid].service) for rid, start in sch.running.items()],
+        waiting_services=[q.service for q in sch.waiting()]))
+    return vec
+
+
+class ProcessBackend(BaseBackend):
+    """Each call runs in a worker process (forked: services of the user's
+    script are there). A crashing, exiting or hanging service never takes the
+    SeD down; cancel and preemption kill the worker (SIGKILL) and a fresh one
+    replaces it. Costs a pipe round trip per call (shared memory from 1 MiB).
+    The pool (``workers`` processes) is shared by the replicas of the process."""
+    name: ClassVar[str] = "process"
+    ack_delay = 0.02            # a call that starts at once and ends quickly: RESULT stands for ACCEPTED
+    copy_args = False           # the workers get their own copies
+
+    def __init__(self, workers: int = 2) -> None:
+        self.size = workers
+        self.pool: WorkerPool | None = None
+
+    def bind(self, sed) -> None:
+        super().bind(sed)
+        self.pool = WorkerPool(sed.functions, size=self.size)
+
+    async def start(self) -> None:
+        self.pool.start()
+
+    def services_changed(self, name, fn) -> None:
+        if self.pool.loop is not None:
+            self.pool.services_changed()
+
+    async def run(self, call) -> Outcome | None:
+        try:
+            ok, value = await self.pool.run(call.id, call.service, call.args, call.kwargs)
+        except WorkerGone as exc:
+            if exc.killed:
+                return None             # answered by the runtime (Stop)
+            return Outcome(ok=False, kind="worker_died", error=(
+                "WorkerDied", f"the worker process running {call.service} died (exit code "
+                f"{exc.exitcode}); the SeD is still serving", ""))
+        return _outcome(ok, value, call)
+
+    def kill(self, call) -> bool:
+        return self.pool.kill(call.id)
+
+    def statistics(self) -> dict:
+        return {"workers": len(self.pool.workers)}
+
+    async def close(self) -> None:
+        await self.pool.aclose()
+
+
+class InlineBackend(BaseBackend):
+    """Each call runs in the SeD: coroutine functions on its loop, others in
+    a thread. The fastest (no process hop, arrays never copied to a worker)
+    but without isolation: a crash or a hang is the SeD's, and cancelling
+    cannot stop a thread (its answer is dropped)."""
+    name: ClassVar[str] = "inline"
+    ack_delay = 0.02
+
+    def __init__(self, workers: int = 0) -> None:     # workers: accepted for a uniform factory
+        pass
+
+    async def run(self, call) -> Outcome | None:
+        ok, value = await run_inline(call.svc.fn, call.args, call.kwargs)
+        return _outcome(ok, value, call)
+
+    def statistics(self) -> dict:
+        return {"workers": 0}
+
+
+def _outcome(ok: bool, value: Any, call) -> Outcome:
+    if ok:
+        return Outcome(ok=True, value=value, run_time=time.time() - call.started)
+    return Outcome(ok=False, error=value)
+
+
+async def run_inline(fn: Callable, args: list, kwargs: dict) -> tuple[bool, Any]:
+    """``(True, value)`` or ``(False, (type, message, traceback))``."""
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return True, await fn(*args, **kwargs)
+        value = await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
+        if inspect.isawaitable(value):
+            value = await value
+        return True, value
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        return False, (type(exc).__name__, str(exc), traceback.format_exc())
+
+
+register_backend("process", ProcessBackend)
+register_backend("inline", InlineBackend)

@@ -1,0 +1,280 @@
+"""The SeD runtime's calls: receive, answer duplicates, queue, run, stop, answer.
+
+A mixin of :class:`~gridrpc.sed.server.SeD` (which owns the endpoint, the
+replicas, the call records ``lifecycle`` and the execution back-end). Every
+call is one :class:`_Call` record in :class:`~gridrpc.core.sed_calls.SedCalls`,
+from its arrival to its answer; a repeated request id is answered from there
+(see that module), never run twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..core import codec
+from ..core import messages as m
+from ..core.messages import MsgType
+from ..core.sed_calls import CallRecord, CallState, Drop, Expired, Fetch, Reacknowledge, Resend, Run, Stop
+from ..errors import GridRPCError, InvalidArgument, ProtocolError
+from ..files import read_file
+from ..transport.endpoint import Incoming
+from .backends import Outcome
+from .services import Service
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .server import Replica
+
+log = logging.getLogger("gridrpc.sed.server")
+
+
+@dataclass(eq=False, kw_only=True)
+class _Call(CallRecord):
+    """A live call: its record plus what the runtime needs to run and answer it."""
+    route: list
+    replica: "Replica"
+    svc: Service
+    args: list | None = None
+    kwargs: dict | None = None
+    workdir: str | None = None
+    task: asyncio.Task | None = None
+    ack_timer: asyncio.TimerHandle | None = None
+    options: dict = field(default_factory=dict)    # per-call options of the back-end (batch: _batch)
+
+
+class CallsMixin:
+    def _reject(self, route: list, cid: str, kind: str, message: str, **extra) -> None:
+        self.stats["rejected"] += 1
+        self.endpoint.send(route, m.error_header(cid, kind, message, **extra))
+
+    def _on_call(self, msg: Incoming) -> None:
+        h, route, buffers = msg.header, msg.route, msg.buffers
+        cid = h["id"]
+        dup = self.lifecycle.duplicate(cid)
+        if dup is not None:
+            self._answer_duplicate(route, dup)
+            return
+        size = sum(len(b) for b in buffers)
+        if size > self.max_message_size:
+            return self._reject(route, cid, "too_large", f"call of {size} bytes exceeds this SeD's "
+                                f"max_message_size of {self.max_message_size} bytes")
+        target = h.get("sed")
+        r = (next(iter(self.replicas.values())) if target is None and len(self.replicas) == 1
+             else self.replicas.get(target) if isinstance(target, str) else None)
+        if r is None:
+            return self._reject(route, cid, "no_server", f"no SeD named {target!r} here "
+                                f"(this process serves {', '.join(self.replicas)})")
+        svc = self.services.get(h["service"])
+        if svc is None:
+            return self._reject(route, cid, "service_not_found", f"SeD {r.name} does not offer {h['service']!r}")
+        ex = self.execution
+        workdir = ex.new_workdir()
+        try:
+            sink = ex.file_sink(workdir)
+            args = codec.decode(h["args"], buffers, sink, ex.copy_args)
+            kwargs = codec.decode(h["kwargs"], buffers, sink, ex.copy_args)
+            if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+                raise ProtocolError("kwargs must map names to values")
+            kwargs, options = ex.prepare(svc, kwargs, h, buffers)
+            svc.check(args, kwargs)
+        except (ProtocolError, InvalidArgument) as exc:
+            ex.remove_workdir(workdir)
+            kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
+            return self._reject(route, cid, kind, str(exc), type_=type(exc).__name__)
+        now = time.time()
+        call = _Call(id=cid, sed=r.name, service=svc.name, user=str(h.get("user") or "anonymous"),
+                     optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
+                     args=args, kwargs=kwargs, options=options, workdir=workdir)
+        self.stats["calls"] += 1
+        r.last_solve = now
+        log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, call.user,
+                  " (optional)" if call.optional else "")
+        self.admit(call, now)
+        if self.calls.get(cid) is not call:
+            return
+        if ex.ack_delay > 0 and call.state is CallState.RUNNING:
+            # a call that starts at once and ends quickly needs no separate ACCEPTED:
+            # the RESULT acknowledges it (one message less per call)
+            call.ack_timer = asyncio.get_running_loop().call_later(ex.ack_delay, self._send_ack, call)
+        else:
+            self.endpoint.send(route, self._accepted(call))
+
+    def admit(self, call: _Call, now: float | None = None) -> None:
+        """Queue a call (also used by back-ends: calls recovered after a restart)."""
+        now = time.time() if now is None else now
+        self._apply(call.replica, self.lifecycle.submit(call, now))
+
+    def _accepted(self, call: _Call, duplicate: bool = False) -> dict:
+        h = m.make(MsgType.ACCEPTED, call.id, sed=call.replica.name)
+        if duplicate:
+            h["duplicate"] = True
+        h.update(self.execution.ack_fields(call))
+        return h
+
+    def _send_ack(self, call: _Call) -> None:
+        call.ack_timer = None
+        if self.calls.get(call.id) is call:
+            self.endpoint.send(call.route, self._accepted(call))
+
+    def _answer_duplicate(self, route: list, dup) -> None:
+        if isinstance(dup, Reacknowledge):          # queued or running: acknowledge again
+            dup.call.route = route
+            self.endpoint.send(route, self._accepted(dup.call, duplicate=True))
+        elif isinstance(dup, Resend):               # finished: the same answer again
+            self.endpoint.send_frames(route, dup.frames)
+        elif isinstance(dup, Fetch):                # the back-end keeps the answer
+            self._deliver_kept(route, dup.call_id, dup.frames)
+        elif isinstance(dup, Expired):
+            self.endpoint.send(route, self._gone(dup.call_id))
+
+    def _gone(self, cid: str) -> dict:
+        return m.error_header(cid, "result_gone", f"call {cid} already ran on SeD {self.name}; its answer is no "
+                              f"longer kept (result cache of {self.lifecycle.cache.max_bytes} bytes) and it is "
+                              "not run again", type_="ResultGone")
+
+    def _deliver_kept(self, route: list, cid: str, frames: list | None) -> None:
+        if frames is None:
+            self._spawn(self._fetch_and_deliver(route, cid))
+        elif self.endpoint.send_frames(route, frames):
+            self._kept_delivered(cid, None)
+
+    async def _fetch_and_deliver(self, route: list, cid: str) -> None:
+        frames = await self.execution.fetch_kept(cid)
+        if frames is None or not self.lifecycle.cache.held(cid) or self.endpoint.closed:
+            return
+        if self.endpoint.send_frames(route, frames):
+            self._kept_delivered(cid, frames)
+
+    def _kept_delivered(self, cid: str, frames: list | None) -> None:
+        self.lifecycle.delivered(cid, frames)
+        self.execution.kept_delivered(cid)
+
+    def _on_cancel(self, msg: Incoming) -> None:
+        cid = msg.id
+        call = self.calls.get(cid)
+        if call is not None:
+            self.stats["cancelled"] += 1
+        prev, actions = self.lifecycle.cancel(cid, time.time())
+        if call is not None:
+            self._apply(call.replica, actions)
+        self.endpoint.reply(msg, m.make(MsgType.CANCELLED, cid, state=prev))
+
+    def _on_ping(self, msg: Incoming) -> None:
+        ids = msg.header.get("ids")
+        states: dict[str, str] = {}
+        cache = self.lifecycle.cache
+        for i in ids if isinstance(ids, list) else []:
+            if not isinstance(i, str) or i in states:
+                continue
+            states[i] = self.lifecycle.state(i)
+            call = self.calls.get(i)
+            if call is not None:
+                call.route = msg.route          # the asker may have a new route (reconnected)
+            elif cache.held(i):                 # an answer kept for a client who was away
+                self._deliver_kept(msg.route, i, cache.answer(i))
+            elif states[i] == "done" and cache.answer(i) is None:
+                self.endpoint.send(msg.route, self._gone(i))    # a client still waits: say so
+        self.endpoint.reply(msg, m.make(MsgType.PONG, msg.id, name=self.name, calls=states))
+
+    # -- execution ------------------------------------------------------
+    def _apply(self, r: Replica, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Run):
+                if not self._closing:
+                    a.call.task = asyncio.get_running_loop().create_task(self._execute(a.call))
+            elif isinstance(a, Stop):
+                self._stop(a.call, a.reason)
+            elif isinstance(a, Drop):
+                self.answer(a.call, m.error_header(a.call.id, "cancelled", "call cancelled while queued",
+                                                   **self.timing(a.call)), ok=False)
+        wake = self.lifecycle.next_wakeup(r.name, time.time())
+        if wake is not None:
+            if r.timer is not None:
+                r.timer.cancel()
+            r.timer = asyncio.get_running_loop().call_later(max(0.0, wake - time.time()) + 0.001, self._tick, r)
+
+    def _tick(self, r: Replica) -> None:
+        r.timer = None
+        self._apply(r, self.lifecycle.tick(r.name, time.time()))
+
+    def _stop(self, call: _Call, reason: str) -> None:
+        if reason == "preempted":
+            self.stats["preempted"] += 1
+        if not self.execution.kill(call) and call.task:
+            call.task.cancel()
+        kind = "preempted" if reason == "preempted" else "cancelled"
+        self.answer(call, m.error_header(
+            call.id, kind, f"call {reason} on {call.replica.name}" + (
+                " (a mandatory request needed the server)" if kind == "preempted" else ""),
+            **self.timing(call)), ok=False)
+
+    def timing(self, call: _Call) -> dict:
+        t = {"received": call.received, "started": call.started, "ended": time.time()}
+        t.update(self.execution.timing(call))
+        return {"server": call.replica.name, "timing": t}
+
+    async def _execute(self, call: _Call) -> None:
+        try:
+            out = await self.execution.run(call)
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:  # noqa: BLE001 - a back-end bug: answer the call, keep serving
+            log.exception("SeD %s: back-end %s failed on call %s", self.name, self.execution.name, call.id)
+            out = Outcome(ok=False, kind="internal", error=(type(exc).__name__, f"SeD {self.name} could not "
+                                                            f"run the call: {exc}", traceback.format_exc()))
+        if out is None or self.calls.get(call.id) is not call or call.state is not CallState.RUNNING:
+            return                      # stopped: answered by Stop
+        header, buffers, ok = self._answer_of(call, out)
+        r = call.replica
+        if ok:
+            r.completed += 1
+            if out.run_time is not None:
+                r.predictor.observe(call.service, out.run_time)
+        else:
+            r.failed += 1
+        self.answer(call, header, buffers, ok=ok)
+
+    def _answer_of(self, call: _Call, out: Outcome) -> tuple[dict, list, bool]:
+        timing = self.timing(call)
+        if out.timing:
+            timing["timing"].update(out.timing)
+        if out.header is not None:      # prepared by the back-end: a job's result, a VM's answer
+            return {**out.header, "id": call.id, **timing}, list(out.buffers), out.ok
+        if out.ok:
+            buffers: list = []
+            try:
+                tree = codec.encode(out.value, buffers, read_file)
+                return m.make(MsgType.RESULT, call.id, value=tree, **timing), buffers, True
+            except GridRPCError as exc:
+                out = Outcome(ok=False, error=(type(exc).__name__, f"the result cannot be sent: {exc}", ""))
+        rtype, message, tb = out.error
+        return m.error_header(call.id, out.kind, message, type_=rtype, traceback=tb, **timing), [], False
+
+    def answer(self, call: _Call, header: dict, buffers: list = (), *, ok: bool) -> None:
+        """Answer a call that ended (any way) and close its record; the queue
+        may start the next calls. Also for back-ends (e.g. at shutdown)."""
+        if self.calls.get(call.id) is not call:
+            return
+        if call.ack_timer is not None:
+            call.ack_timer.cancel()
+            call.ack_timer = None
+        task = call.task
+        if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():
+            task.cancel()                       # answered by its back-end (e.g. at shutdown): stop waiting
+        frames = [m.dumps(header), *buffers]
+        delivered = bool(call.route) and not self.endpoint.closed and self.endpoint.send_frames(call.route, frames)
+        if call.route and not delivered:
+            log.info("SeD %s: answer to %s not delivered", self.name, call.id)
+        actions = self.lifecycle.complete(call.id, frames, ok=ok, now=time.time())
+        self.execution.finished(call, header, frames, delivered)
+        call.args = call.kwargs = None          # the record may outlive the call (tasks): free the data
+        self._apply(call.replica, actions)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+        return t

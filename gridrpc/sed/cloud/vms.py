@@ -1,0 +1,441 @@
+"""The cloud back-end: a SeD's calls run on virtual machines it starts and stops.
+
+1. the pure :class:`~gridrpc.sed.cloud.policy.VMPool` decides which VM runs
+   a call and when VMs are created and destroyed (policies ``per-call`` and
+   ``pool``);
+2. a VM boots with user data that starts a regular ``gridrpc sed``, whose
+   parent is an agent ROUTER this back-end binds for its VMs (a
+   :class:`~gridrpc.local_agent.agent.Agent`); the VM is ready when that SeD
+   registers, and lost when it misses its heartbeats;
+3. the call is relayed to the VM's SeD unchanged (:mod:`.relay`) and the
+   answer relayed back.
+
+Provider calls block, so they run in threads (``asyncio.to_thread``); the
+loop never waits on the cloud API. Every VM is tagged
+``gridrpc:owner=<SeD name>``: on shutdown all of them are terminated, and a
+restarted cloud SeD adopts (``orphans: adopt``, pool policy) or terminates
+those it finds. See ``docs/cloud.md``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, ClassVar
+
+from ...core import messages as m
+from ...core.messages import MsgType
+from ...core.sed_calls import CallState
+from ...local_agent.agent import Agent
+from ...transport.channel import host_of
+from ..backends import BaseBackend, Outcome
+from .config import CloudConfig, render_user_data, vm_command
+from .policy import CreateVM, DestroyVM, Dispatch, FailCall, PoolConfig, VMPool
+from .provider import (TERMINAL_STATES, CloudAuthError, CloudError, CloudProvider, UnknownImage,
+                       VMSpec, make_provider)
+from .relay import VMFailed, VMLink
+
+log = logging.getLogger("gridrpc.sed.cloud.sed")
+
+OWNER_TAG = "gridrpc:owner"
+VM_TAG = "gridrpc:vm"
+RUN_TAG = "gridrpc:run"
+
+
+class _CallFailed(Exception):
+    """The pool gave up on a call (FailCall)."""
+
+
+class _VMAgent(Agent):
+    """The agent the VMs' SeDs register with; tells its owner about them."""
+    kind = "la"
+
+    def __init__(self, owner: "CloudVMs", **kw) -> None:
+        super().__init__(**kw)
+        self.owner = owner
+
+    def _subtree_changed(self) -> None:
+        self.owner._vms_changed()
+
+    def _child_lost(self, name: str) -> None:
+        super()._child_lost(name)
+        self.owner._vm_gone(name, "missed its heartbeats or left")
+
+
+class CloudVMs(BaseBackend):
+    """Calls on cloud VMs (see the module doc). Trade-offs: capacity on
+    demand, priced per call (``price`` tag); a VM's boot time (``per-call``:
+    every call) or idle VMs kept (``pool``); the VMs must reach the SeD."""
+    name: ClassVar[str] = "cloud"
+    server_type = "cloud"
+    remote = True
+    where = "on cloud VMs"
+
+    def __init__(self, sed_name: str, config: CloudConfig, provider: CloudProvider | None = None, *,
+                 ack_timeout: float = 10.0) -> None:
+        self.sed_name = sed_name
+        self.config = config
+        self.provider = provider
+        self.ack_timeout = ack_timeout
+        self.run_token = os.urandom(2).hex()
+        self.policy = VMPool(PoolConfig(
+            policy=config.policy, min_vms=config.min_vms, max_vms=config.max_vms,
+            vm_slots=config.vm_max_concurrent, idle_timeout=config.idle_timeout,
+            boot_timeout=config.boot_timeout, grow_threshold=config.grow_threshold,
+            retries=config.retries, boot_time=config.boot_time,
+            price_per_hour=config.price_per_hour, billing_granularity=config.billing_granularity,
+            billing_minimum=config.billing_minimum), name_prefix=f"{sed_name}-{self.run_token}-")
+        self.vm_agent: _VMAgent | None = None
+        self.vm_parent: str | None = None        # the address written into the user data
+        self._links: dict[str, VMLink] = {}       # ready VMs' SeDs
+        self._dead: set[str] = set()              # VM names destroyed (ignore their SeDs)
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._creating: set[asyncio.Task] = set()
+        self._bg: set[asyncio.Task] = set()
+        self._tasks: list[asyncio.Task] = []
+        self._destroyed_ids: set[str] = set()
+        self._destroy_retry: dict[str, str] = {}  # vm id -> name, for failed terminations
+        self._pool_timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self.events: list[tuple[float, str, str]] = []   # (time, what, vm name): for tests/dashboard
+
+    def bind(self, sed) -> None:
+        super().bind(sed)
+        for r in sed.replicas.values():
+            r.predictor.default = self.config.runtime_guess
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        c, sed = self.config, self.sed
+        if self.provider is None:
+            self.provider = await asyncio.to_thread(make_provider, c.provider_config())
+        listen = c.vm_listen or f"tcp://{host_of(sed.bind_address)}:0"
+        self.vm_agent = _VMAgent(self, name=f"{self.sed_name}.vms", address=listen,
+                                 hb_interval=sed.hb_interval, hb_timeout=sed.hb_timeout)
+        await self.vm_agent.start()
+        self.vm_parent = c.vm_advertise or self.vm_agent.address
+        try:
+            await self._handle_orphans()
+        except BaseException:
+            await self.vm_agent.aclose()
+            raise
+        self._apply_pool(self.policy.start(time.monotonic()))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_provider()))
+        log.info("cloud SeD %s: policy %s, %d..%d VMs of %s (%s), VMs register at %s",
+                 self.sed_name, c.policy, c.min_vms, c.max_vms, c.image, c.instance_type, self.vm_parent)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._pool_timer:
+            self._pool_timer.cancel()
+        for t in self._tasks:
+            t.cancel()
+        # calls waiting for (or running on) a VM fail over now, not after the clients' ping timeout
+        for fut in list(self._waiters.values()):
+            if not fut.done():
+                fut.set_exception(_CallFailed("the cloud SeD is shutting down"))
+        queued = [c for c in self.sed.calls.values() if c.state is CallState.QUEUED]
+        for call in queued:                          # queued here, never started
+            self.sed.answer(call, m.error_header(
+                call.id, "communication", f"cloud SeD {self.sed_name} is shutting down",
+                type_="CloudVMFailure", **self.sed.timing(call)), ok=False)
+        for link in list(self._links.values()):
+            link.close("shut down with the cloud SeD")
+        await asyncio.sleep(0)                  # let the calls answer their clients
+        self._apply_pool(self.policy.shutdown())
+        await self._drain_background()
+        await self._sweep("shutdown")
+        if self.vm_agent:
+            await self.vm_agent.aclose()
+
+    async def _drain_background(self, timeout: float | None = None) -> None:
+        """Wait for in-flight creates (each then destroys its VM) and destroys."""
+        deadline = time.monotonic() + (timeout or 3 * self.config.timeout + 5)
+        while self._creating or self._bg:
+            tasks = list(self._creating | self._bg)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.error("cloud SeD %s: %d cloud requests still running at shutdown", self.sed_name, len(tasks))
+                return
+            await asyncio.wait(tasks, timeout=left)
+
+    async def _sweep(self, why: str) -> None:
+        """Terminate every instance tagged with our name (last line against leaks)."""
+        try:
+            vms = await asyncio.to_thread(self.provider.list, {OWNER_TAG: self.sed_name})
+        except CloudError as exc:
+            log.error("cloud SeD %s: cannot list its VMs at %s (%s); VMs to check by hand: "
+                      "tag %s=%s", self.sed_name, why, exc, OWNER_TAG, self.sed_name)
+            return
+        for vm in vms:
+            if vm.state in ("terminated", "shutting-down"):
+                continue
+            try:
+                await asyncio.to_thread(self.provider.destroy, vm.id)
+                self._record("destroyed", vm.tags.get(VM_TAG, vm.id))
+            except CloudError as exc:
+                log.error("cloud SeD %s: VM %s NOT terminated at %s: %s", self.sed_name, vm.id, why, exc)
+
+    async def _handle_orphans(self) -> None:
+        """VMs tagged with our name from a previous run: adopt or terminate."""
+        vms = await asyncio.to_thread(self.provider.list, {OWNER_TAG: self.sed_name})
+        adopt = self.config.orphans == "adopt" and self.config.policy == "pool"
+        now = time.monotonic()
+        for vm in vms:
+            if vm.state in TERMINAL_STATES:
+                if vm.state in ("stopping", "stopped"):
+                    await self._destroy_quietly(vm.id, vm.tags.get(VM_TAG, vm.id), "stopped orphan")
+                continue
+            name = vm.tags.get(VM_TAG) or vm.id
+            if adopt and len(self.policy.vms) < self.config.max_vms:
+                log.info("cloud SeD %s: adopting VM %s (%s) of a previous run", self.sed_name, name, vm.id)
+                self.policy.adopt(name, vm.id, now)
+                self._record("adopted", name)
+            else:
+                log.info("cloud SeD %s: terminating VM %s (%s) of a previous run", self.sed_name, name, vm.id)
+                await self._destroy_quietly(vm.id, name, "orphan of a previous run")
+
+    # ------------------------------------------------------------------ the pool's actions
+    def _apply_pool(self, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Dispatch):
+                fut = self._waiters.get(a.call_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(a.vm)
+            elif isinstance(a, FailCall):
+                fut = self._waiters.get(a.call_id)
+                if fut is not None and not fut.done():
+                    fut.set_exception(_CallFailed(a.message))
+            elif isinstance(a, CreateVM):
+                self._record("create", a.name)
+                t = asyncio.get_running_loop().create_task(self._create_vm(a.name))
+                self._creating.add(t)
+                t.add_done_callback(self._creating.discard)
+            elif isinstance(a, DestroyVM):
+                self._dead.add(a.name)
+                link = self._links.pop(a.name, None)
+                if link is not None:
+                    link.close(f"destroyed ({a.reason})")
+                if self.vm_agent is not None:
+                    self.vm_agent.registry.remove(a.name)
+                if a.vm_id is not None:
+                    log.info("cloud SeD %s: terminating VM %s (%s): %s", self.sed_name, a.name, a.vm_id, a.reason)
+                    self._spawn(self._destroy_quietly(a.vm_id, a.name, a.reason))
+        self._arm_pool_timer()
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    def _arm_pool_timer(self) -> None:
+        if self._closing:
+            return
+        wake = self.policy.next_wakeup(time.monotonic())
+        if self._pool_timer is not None:
+            self._pool_timer.cancel()
+            self._pool_timer = None
+        if wake is not None:
+            delay = max(0.0, wake - time.monotonic()) + 0.005
+            self._pool_timer = asyncio.get_running_loop().call_later(delay, self._pool_tick)
+
+    def _pool_tick(self) -> None:
+        self._pool_timer = None
+        if not self._closing:
+            self._apply_pool(self.policy.tick(time.monotonic()))
+
+    def _record(self, what: str, vm: str) -> None:
+        self.events.append((time.time(), what, vm))
+        if len(self.events) > 1000:
+            del self.events[:100]
+
+    async def _create_vm(self, name: str) -> None:
+        c, sed = self.config, self.sed
+        command = vm_command(vm_name=name, parent=self.vm_parent, services=c.services,
+                             hb_interval=sed.hb_interval, hb_timeout=sed.hb_timeout,
+                             orphan_timeout=c.vm_orphan_timeout, max_concurrent=c.vm_max_concurrent,
+                             extra_args=c.vm_args)
+        spec = VMSpec(image=c.image, instance_type=c.instance_type, key_name=c.key_name,
+                      security_group=c.security_group, name=name, terminate_on_shutdown=True,
+                      user_data=render_user_data(vm_name=name, owner=self.sed_name, command=command,
+                                                 python=c.python, setup=c.setup, teardown=c.teardown),
+                      tags={**c.tags, OWNER_TAG: self.sed_name, VM_TAG: name, RUN_TAG: self.run_token})
+        try:
+            vm = await asyncio.to_thread(self.provider.create, spec)
+        except CloudError as exc:
+            permanent = isinstance(exc, (UnknownImage, CloudAuthError))
+            log.warning("cloud SeD %s: cannot create VM %s: %s", self.sed_name, name, exc)
+            self._record("create_failed", name)
+            if not self._closing:
+                self._apply_pool(self.policy.vm_create_failed(name, str(exc), time.monotonic(),
+                                                              permanent=permanent))
+            return
+        log.info("cloud SeD %s: created VM %s (%s)", self.sed_name, name, vm.id)
+        self._record("created", name)
+        self._apply_pool(self.policy.vm_created(name, vm.id, time.monotonic()))
+
+    async def _destroy_quietly(self, vm_id: str, name: str, reason: str) -> None:
+        try:
+            await asyncio.to_thread(self.provider.destroy, vm_id)
+        except CloudError as exc:
+            log.error("cloud SeD %s: cannot terminate VM %s (%s): %s; will retry", self.sed_name,
+                      name, vm_id, exc)
+            self._destroy_retry[vm_id] = name
+            return
+        self._destroy_retry.pop(vm_id, None)
+        self._destroyed_ids.add(vm_id)
+        self._record("destroyed", name)
+
+    # ------------------------------------------------------------------ VMs' SeDs
+    def _vms_changed(self) -> None:
+        if self._closing or self.vm_agent is None:
+            return
+        now = time.monotonic()
+        for name, child in list(self.vm_agent.registry.children.items()):
+            address = child.info.get("address")
+            link = self._links.get(name)
+            if link is not None and link.address == address:
+                continue
+            if name in self._dead or name not in self.policy.vms or not address:
+                continue        # a destroyed VM's SeD still talking, or a stranger
+            if link is not None:                # same VM, new address: its SeD restarted
+                self._links.pop(name).close("re-registered at a new address")
+            self._links[name] = VMLink(name, address, ack_timeout=self.ack_timeout,
+                                       ping_interval=self.sed.hb_interval, ping_timeout=self.sed.hb_timeout + 1.0)
+            log.info("cloud SeD %s: VM %s ready (SeD at %s)", self.sed_name, name, address)
+            self._record("ready", name)
+            self._apply_pool(self.policy.vm_registered(name, address, now))
+
+    def _vm_gone(self, name: str, why: str) -> None:
+        if self._closing:
+            return
+        link = self._links.pop(name, None)
+        if link is not None:
+            link.close(why)             # its relays raise VMFailed -> call_failed
+        if name in self.policy.vms:
+            log.warning("cloud SeD %s: VM %s %s", self.sed_name, name, why)
+            self._record("lost", name)
+            self._apply_pool(self.policy.vm_lost(name, time.monotonic(), why))
+
+    async def _watch_provider(self) -> None:
+        """Compare the provider's list with the pool: VMs terminated behind our
+        back are lost; tagged VMs nobody knows are terminated; failed
+        terminations are retried."""
+        missing: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(self.config.poll_interval)
+            listed_at = time.monotonic()
+            try:
+                vms = await asyncio.to_thread(self.provider.list, {OWNER_TAG: self.sed_name})
+            except CloudError as exc:
+                log.warning("cloud SeD %s: cannot list VMs: %s", self.sed_name, exc)
+                continue
+            alive = {vm.id for vm in vms if vm.state not in TERMINAL_STATES}
+            for name, st in list(self.policy.vms.items()):
+                # missing from two lists in a row, both asked after its creation (a list
+                # may not show an instance launched a moment ago)
+                if (st.id is None or st.state not in ("booting", "ready") or st.id in alive
+                        or st.requested >= listed_at):
+                    missing.pop(name, None)
+                    continue
+                missing[name] = missing.get(name, 0) + 1
+                if missing[name] >= 2:
+                    del missing[name]
+                    self._vm_gone(name, "was terminated outside the cloud SeD")
+            for vm in vms:
+                name = vm.tags.get(VM_TAG, vm.id)
+                if vm.state in ("terminated", "shutting-down") or vm.id in self._destroyed_ids:
+                    continue
+                if name not in self.policy.vms or name in self._dead:
+                    self._destroy_retry.setdefault(vm.id, name)
+            for vm_id, name in list(self._destroy_retry.items()):
+                await self._destroy_quietly(vm_id, name, "retry / unknown VM")
+
+    # ------------------------------------------------------------------ calls
+    def prepare(self, service, kwargs, header, buffers) -> tuple[dict, dict]:
+        # the call goes to the VM as the client sent it (arrays zero-copy, files as contents)
+        return kwargs, {"forward": {k: v for k, v in header.items() if k not in ("id", "sed")},
+                        "buffers": list(buffers)}
+
+    async def run(self, call) -> Outcome | None:
+        cid = call.id
+        forward, buffers = call.options.get("forward", {}), call.options.get("buffers", [])
+        loop = asyncio.get_running_loop()
+        self._waiters[cid] = loop.create_future()
+        attempt = 0
+        current: tuple[VMLink, str] | None = None      # the relay in progress, to cancel it
+        try:
+            if self._closing:
+                raise _CallFailed("the cloud SeD is shutting down")
+            self._apply_pool(self.policy.submit(cid, time.monotonic(),
+                                                tcomp=call.replica.predictor.predict(call.service)))
+            while True:
+                vm_name = await self._waiters[cid]
+                self._waiters[cid] = loop.create_future()
+                link = self._links.get(vm_name)
+                attempt += 1
+                rid = f"{cid}.{attempt}"
+                try:
+                    if link is None:
+                        raise VMFailed(f"VM {vm_name} is gone")
+                    current = (link, rid)
+                    log.debug("cloud SeD %s: call %s -> VM %s", self.sed_name, cid, vm_name)
+                    mt, vh, frames = await link.run(rid, forward, buffers)
+                    current = None
+                except VMFailed as exc:
+                    current = None
+                    log.warning("cloud SeD %s: call %s: %s", self.sed_name, cid, exc)
+                    if self._closing:
+                        raise _CallFailed(str(exc)) from None
+                    self._apply_pool(self.policy.call_failed(cid, time.monotonic(), str(exc)))
+                    continue
+                return self._on_vm_answer(call, vm_name, mt, vh, frames)
+        except _CallFailed as exc:
+            return Outcome(ok=False, kind="communication", error=(
+                "CloudVMFailure", f"cloud SeD {call.replica.name} could not run the call: {exc}", ""))
+        except asyncio.CancelledError:
+            if current is not None:
+                current[0].cancel(current[1])
+            if not self._closing:
+                self._apply_pool(self.policy.cancel(cid, time.monotonic()))
+            raise
+        finally:
+            self._waiters.pop(cid, None)
+            call.options = {}           # the frames to relay: no longer needed
+
+    def _on_vm_answer(self, call, vm_name: str, mt: MsgType, vh: dict, frames: list) -> Outcome:
+        vm_timing = vh.get("timing") if isinstance(vh.get("timing"), dict) else {}
+        run_time = None
+        if mt is MsgType.RESULT:
+            started, ended = vm_timing.get("started"), vm_timing.get("ended")
+            if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
+                run_time = max(0.0, ended - started)
+        self._apply_pool(self.policy.call_done(call.id, time.monotonic()))
+        return Outcome(ok=mt is MsgType.RESULT, header=dict(vh, vm=vm_name), buffers=frames,
+                       timing={"vm": vm_timing}, run_time=run_time)
+
+    def finished(self, call, header, frames, delivered) -> None:
+        call.options = {}               # calls answered before they ran (cancel, shutdown)
+        super().finished(call, header, frames, delivered)
+
+    # ------------------------------------------------------------------ estimation
+    def estimate(self, replica, service, user, now: float) -> dict:
+        sch = replica.scheduler
+        tcomp = replica.predictor.predict(service.name)
+        ahead = [replica.predictor.predict(q.service) for q in sch.waiting()]
+        cloud = self.policy.estimate(time.monotonic(), tcomp, ahead=ahead)
+        vec: dict[str, Any] = {
+            "server_type": self.server_type, "tcomp": tcomp,
+            "num_running": cloud["calls_on_vms"],
+            "num_waiting": len(ahead) + cloud["calls_waiting_for_vm"],
+            "max_concurrent": sch.max_concurrent,
+            "time_since_last_solve": (now - replica.last_solve) if replica.last_solve is not None else 1e9,
+            **cloud, "eft": now + cloud["est_wait"] + tcomp}
+        return vec
+
+    def load(self, replica) -> dict:
+        return {**self.policy.counts(), "server_type": self.server_type}
+
+    def statistics(self) -> dict:
+        return {"cloud": self.policy.statistics(), "vm_parent": self.vm_parent}

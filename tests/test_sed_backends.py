@@ -1,0 +1,177 @@
+"""The SeD's execution back-ends behind one Protocol (gridrpc.sed.backends),
+and the SeD runtime around them: it receives through the common Endpoint,
+and the batch and cloud SeDs are SeDs with another back-end (no private
+method overridden, no header parsed again)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import zmq
+
+from gridrpc.core import codec
+from gridrpc.core import messages as m
+from gridrpc.core.messages import MsgType
+from gridrpc.sed.backends import BACKENDS, BaseBackend, ExecutionBackend, Outcome, make_backend
+from gridrpc.sed.backends.local import InlineBackend, ProcessBackend
+from gridrpc.sed.batch.config import BatchConfig
+from gridrpc.sed.batch.jobs import BatchJobs
+from gridrpc.sed.batch.sed import BatchSeD
+from gridrpc.sed.cloud.config import parse_cloud_config
+from gridrpc.sed.cloud.sed import CloudSeD
+from gridrpc.sed.cloud.vms import CloudVMs
+from gridrpc.sed.server import SeD
+from gridrpc.testing import LoopThread, example_sed
+from gridrpc.transport.endpoint import Endpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _cloud_config(**kw):
+    return parse_cloud_config({"endpoint": "http://127.0.0.1:9", "region": "us-east-1", "image": "ami-1",
+                               "instance_type": "t3.micro", "services": ["gridrpc.examples.services:add"], **kw})
+
+
+def test_every_back_end_is_an_execution_backend(tmp_path):
+    assert {"process", "inline"} <= set(BACKENDS)
+    backends = [ProcessBackend(workers=1), InlineBackend(), make_backend("inline"),
+                BatchJobs("b", BatchConfig(shared_dir=str(tmp_path)), scheduler=object()),
+                CloudVMs("c", _cloud_config(), provider=object())]
+    for b in backends:
+        assert isinstance(b, ExecutionBackend), type(b)
+    assert [b.server_type for b in backends] == ["serial", "serial", "serial", "batch", "cloud"]
+    assert [b.remote for b in backends] == [False, False, False, True, True]
+
+
+def test_batch_and_cloud_seds_are_seds_with_another_back_end(tmp_path):
+    batch = BatchSeD("b", config=BatchConfig(shared_dir=str(tmp_path)), backend=object())
+    cloud = CloudSeD("c", config=_cloud_config(), provider=object())
+    assert isinstance(batch.execution, BatchJobs) and isinstance(cloud.execution, CloudVMs)
+    assert batch.server_type == "batch" and cloud.server_type == "cloud"
+    assert "add" in cloud.services and cloud.policy is cloud.execution.policy
+    assert batch.config.shared_dir == str(tmp_path) and batch.jobs_dir.startswith(str(tmp_path))
+    for cls in (BatchSeD, CloudSeD):
+        overridden = [name for name in vars(cls) if name.startswith("_") and not name.startswith("__")
+                      and callable(getattr(cls, name)) and hasattr(SeD, name)]
+        assert overridden == [], f"{cls.__name__} overrides {overridden}"
+        assert cls.start is SeD.start and cls.aclose is SeD.aclose and cls.estimate is SeD.estimate
+    for sed in (batch, cloud):
+        assert isinstance(sed.endpoint, Endpoint)
+
+
+def test_unknown_isolation_is_a_config_error():
+    from gridrpc.errors import ConfigError
+    with pytest.raises(ConfigError, match="isolation"):
+        SeD("x", isolation="thread")
+    with pytest.raises(ConfigError, match="unknown SeD isolation"):
+        make_backend("thread")
+
+
+class Recorder(BaseBackend):
+    """A back-end written against the Protocol alone: runs ``add`` itself,
+    holds ``sleep`` until cancelled, and tags its answers."""
+    name = "recorder"
+    server_type = "test"
+
+    def __init__(self):
+        self.ran, self.killed, self.prepared = [], [], []
+
+    def prepare(self, service, kwargs, header, buffers):
+        opts = kwargs.pop("_color", None)
+        self.prepared.append((service.name, opts))
+        return kwargs, {"color": opts}
+
+    def ack_fields(self, call):
+        return {"patience": 7.0}
+
+    async def run(self, call):
+        self.ran.append(call.id)
+        if call.service == "sleep":
+            await asyncio.sleep(3600)
+        return Outcome(ok=True, value=sum(call.args), run_time=0.5, timing={"color": call.options["color"]})
+
+    def kill(self, call):
+        self.killed.append(call.id)
+        return False
+
+    def estimate(self, replica, service, user, now):
+        return {"server_type": self.server_type, "user_seen": user}
+
+    def load(self, replica):
+        return {"recorder": True}
+
+
+def _dealer(address):
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(address)
+    return s
+
+
+def _ask(s, header, buffers=(), n=1, timeout=3.0):
+    s.send_multipart([m.dumps(header), *buffers])
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        if s.poll(50):
+            frames = s.recv_multipart()
+            out.append((m.parse_header(frames[0])[1], frames[1:]))
+    return out
+
+
+def test_a_sed_runs_a_new_back_end_through_the_protocol():
+    lt = LoopThread()
+    rec = Recorder()
+    sed = SeD("rsed", execution=rec, max_concurrent=1)
+    sed.add_service("add", lambda *xs: None)
+    sed.add_service("sleep", lambda s: None)
+    lt.run(sed.start())
+    s = _dealer(sed.address)
+    try:
+        (acc, _), (res, _) = _ask(s, m.make(MsgType.CALL, "a1", service="add", args=[1, 2, 3],
+                                            kwargs={"_color": "red"}), n=2)
+        assert acc["type"] == "accepted" and acc["patience"] == 7.0          # ack_delay 0: at once
+        assert res["type"] == "result" and codec.decode(res["value"], []) == 6
+        assert res["timing"]["color"] == "red" and res["server"] == "rsed"
+        assert rec.prepared == [("add", "red")] and rec.ran == ["a1"]
+        # a duplicate is answered from the record, not run again
+        [(dup, _)] = _ask(s, m.make(MsgType.CALL, "a1", service="add", args=[9], kwargs={}))
+        assert dup["type"] == "result" and rec.ran == ["a1"]
+        # cancel: the back-end is asked to stop; the runtime answers
+        (acc, _), = _ask(s, m.make(MsgType.CALL, "s1", service="sleep", args=[5], kwargs={}))
+        out = _ask(s, m.make(MsgType.CANCEL, "s1"), n=2)
+        kinds = sorted(h["type"] + ":" + h.get("error", {}).get("kind", "") for h, _ in out)
+        assert kinds == ["cancelled:", "error:cancelled"] and rec.killed == ["s1"]
+        r = sed.replicas["rsed"]
+        vec = lt.call(lambda: sed.estimate(r, sed.services["add"], [], user="ann"))
+        assert vec == {"server_type": "test", "user_seen": "ann"}
+        assert lt.call(lambda: sed._load(r))["recorder"] is True and r.predictor.predict("add") == 0.5
+        assert lt.call(sed.statistics)["results"]["finished"] == 1
+    finally:
+        s.close()
+        lt.run(sed.aclose())
+        lt.close()
+
+
+def test_the_sed_receives_through_the_endpoint_and_answers_bad_fields():
+    """Before: a CALL whose ``sed`` field was a list raised in the SeD's own
+    receive loop; the sender got no answer."""
+    lt = LoopThread()
+    sed = lt.run(example_sed("esed", None, isolation="inline").start())
+    s = _dealer(sed.address)
+    try:
+        [(h, _)] = _ask(s, m.make(MsgType.CALL, "x1", service="add", args=[1, 2], kwargs={}, sed=["esed"]))
+        assert h["type"] == "error" and h["id"] == "x1" and h["error"]["kind"] == "no_server"
+        [(h, _)] = _ask(s, m.make(MsgType.DISCOVER, "d1", service="add", k=1))
+        assert h["error"]["kind"] == "protocol" and "SeD esed does not handle 'discover'" in h["error"]["message"]
+        [(h, _)] = _ask(s, m.make(MsgType.CALL, "x2", service="add", args=[1, 2], kwargs={}))
+        assert h["type"] == "result"
+        s.send_multipart([b"\xff"])
+        assert s.poll(3000) and m.parse_header(s.recv_multipart()[0])[1]["error"]["kind"] == "protocol"
+        st = lt.call(sed.statistics)
+        assert st["bad_messages"] == 1 and st["endpoint"]["by_type"]["call"] == 2
+    finally:
+        s.close()
+        lt.run(sed.aclose())
+        lt.close()

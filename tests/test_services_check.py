@@ -139,9 +139,68 @@ def test_container_and_bytes_parameters():
 def test_unannotated_and_other_annotations_are_not_checked():
     s = svc(untyped)
     s.check(["anything"], {})
-    s.check([object(), 1, "not an array"], {})
+    s.check([object(), 1, np.zeros(2)], {})
+    s.check([object(), 1, None], {})                 # = its default (None)
     with pytest.raises(InvalidArgument, match="too many"):
         s.check([1, 2, 3, 4], {})
+
+
+# -- every problem at once, ndarray annotations ------------------------------------
+def test_missing_and_unexpected_are_reported_together():
+    with pytest.raises(InvalidArgument) as info:
+        svc(add).check([1], {"z": 2})
+    msg = str(info.value)
+    assert msg.startswith("add(x: int, y: int)")
+    assert "missing a required argument: 'y'" in msg and "unexpected keyword argument 'z'" in msg
+
+
+def test_every_type_problem_is_reported():
+    with pytest.raises(InvalidArgument) as info:
+        svc(add).check(["1", 2.5], {})
+    msg = str(info.value)
+    assert "'x' must be int, got str" in msg and "'y' must be int, got float" in msg
+
+
+def test_count_and_type_problems_together():
+    with pytest.raises(InvalidArgument) as info:
+        svc(scale).check(["1.5"], {"flag": 1, "colour": "red"})
+    msg = str(info.value)
+    assert "unexpected keyword argument 'colour'" in msg
+    assert "'v' must be float, got str" in msg and "'flag' must be bool, got int" in msg
+
+
+def solve(a: np.ndarray, b: "np.ndarray | None" = None, *, c: "npt.NDArray[np.float64] | None" = None):
+    return a
+
+
+import numpy.typing as npt  # noqa: E402  (resolved lazily by the string annotations above)
+
+
+def test_ndarray_annotations_are_checked():
+    s = svc(solve)
+    s.check([np.eye(2)], {})
+    s.check([np.eye(2), np.ones(2)], {"c": np.ones(2)})
+    s.check([np.zeros(()), None], {"c": None})           # 0-d arrays are arrays; None where allowed
+    for bad in ("[[1, 0], [0, 1]]", [[1, 0], [0, 1]], 3.0, None):
+        with pytest.raises(InvalidArgument, match="'a' must be ndarray"):
+            s.check([bad], {})
+    with pytest.raises(InvalidArgument, match="'b' must be ndarray or None, got str"):
+        s.check([np.eye(2), "b"], {})
+    with pytest.raises(InvalidArgument, match="'c' must be ndarray or None, got list"):
+        s.check([np.eye(2)], {"c": [1.0]})
+
+
+def test_unions_of_checkable_types():
+    def f(x: "int | None", y: "float | str" = 0.0):
+        return x
+    s = svc(f)
+    s.check([None], {})
+    s.check([1, "s"], {})
+    s.check([1, 2.5], {})
+    with pytest.raises(InvalidArgument, match="'x' must be int or None, got str"):
+        s.check(["1"], {})
+    with pytest.raises(InvalidArgument, match="'y' must be float or str, got list"):
+        s.check([1, [1]], {})
 
 
 def test_string_annotations_are_resolved():

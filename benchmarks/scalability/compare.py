@@ -83,7 +83,8 @@ def plot_compare(data: dict, path: Path) -> Path:
     for i, n in enumerate(names, 1):
         ax.plot(i, res[n]["p99_ms"], "rv")
         ax.text(i + 0.08, res[n]["p99_ms"], f"p99 {res[n]['p99_ms']:.0f}", fontsize=8, color="red")
-    ax.axhline(50, color="grey", ls=":", lw=1)
+    from .plots import target_line
+    target_line(ax)
     ax.set_yscale("log")
     ax.set_ylabel("ms")
     ax.set_title(f"{data['n']} SeDs: discovery latency, shapes side by side "

@@ -1,6 +1,14 @@
-"""PNG plots of the scalability study (matplotlib, Agg backend)."""
+"""PNG plots of the scalability study (matplotlib, Agg backend).
+
+``python -m benchmarks.scalability.plots`` redraws every PNG of
+``docs/scalability/`` from the stored JSON results (nothing is rerun):
+``latest.json`` (the study), ``contended-run.json`` (its discovery plot under
+background load) and ``compare-500.json`` (shapes side by side).
+"""
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -16,7 +24,7 @@ FAMILIES = [("flat", "flat (all SeDs under the MA)"), ("L2-2", "2 levels, 2 LAs"
 
 
 def family(r: dict) -> str:
-    s, n = r["shape"], r["n"]
+    s = r["shape"]
     if s in ("flat", "L2-2", "L2-4", "L3-2"):
         return s
     if r["levels"] == 2:
@@ -48,12 +56,26 @@ def _labels():
     return dict(FAMILIES)
 
 
-def _discovery(runs, path: Path) -> Path:
+TARGET_MS = 50
+TARGET_LABEL = f"target: p99 \u2264 {TARGET_MS} ms"
+
+
+def target_line(ax, annotate: bool = True) -> None:
+    """The dotted 50 ms line, labelled in the legend (if any) and, with
+    ``annotate``, on the plot itself."""
+    ax.axhline(TARGET_MS, color="grey", ls=":", lw=1.2, label=TARGET_LABEL)
+    if annotate:
+        ax.annotate(TARGET_LABEL, xy=(0.01, TARGET_MS), xycoords=("axes fraction", "data"), ha="left",
+                    va="bottom", fontsize=9, color="dimgrey",
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+
+
+def discovery_figure(runs):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, key, title in ((axes[0], "median_ms", "median"), (axes[1], "p99_ms", "p99")):
         for fam, pts in _series(runs, lambda r: r.get("discovery", {}).get(key)).items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=_labels().get(fam, fam))
-        ax.axhline(50, color="grey", ls=":", lw=1)
+        target_line(ax, annotate=ax is axes[0])        # the right panel has the legend
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("SeDs")
@@ -62,6 +84,11 @@ def _discovery(runs, path: Path) -> Path:
     axes[0].set_ylabel("ms")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def _discovery(runs, path: Path) -> Path:
+    fig = discovery_figure(runs)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -153,3 +180,28 @@ def _curves(runs, path: Path, n: int) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "scalability" / "results"
+DOCS = ROOT / "docs" / "scalability"
+
+
+def redraw(results: Path = RESULTS, outdir: Path = DOCS) -> list[Path]:
+    """Every PNG of the study from the stored JSON (no measurement)."""
+    paths = plot_all(json.loads((results / "latest.json").read_text()), outdir)
+    contended = results / "contended-run.json"
+    if contended.exists():
+        runs = [r for r in json.loads(contended.read_text())["runs"] if "error" not in r]
+        paths.append(_discovery(runs, outdir / "discovery-contended.png"))
+    for compare in sorted(results.glob("compare-*.json")):
+        if compare.stem.endswith("-contended"):
+            continue                       # not shown in docs/scalability.md
+        from .compare import plot_compare
+        paths.append(plot_compare(json.loads(compare.read_text()), outdir / f"{compare.stem}.png"))
+    return paths
+
+
+if __name__ == "__main__":
+    for p in redraw(*(Path(a) for a in sys.argv[1:3])):
+        print(f"plot: {p}")

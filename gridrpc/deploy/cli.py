@@ -20,6 +20,8 @@ def add_deploy_parser(sub) -> None:
         if name == "logs":
             q.add_argument("element")
             q.add_argument("-n", "--lines", type=int, default=50)
+            q.add_argument("-f", "--follow", action="store_true",
+                           help="keep printing what the element writes, until it stops (or Ctrl-C)")
         if name in ("status", "up"):
             q.add_argument("--json", action="store_true")
         if name == "up":
@@ -58,6 +60,7 @@ def add_deploy_parser(sub) -> None:
 
 
 def _deployment(a):
+    """The Deployment for ``a``; None for ``down`` when nothing is deployed."""
     from pathlib import Path
     from .runner import Deployment, state_root
     from .spec import load
@@ -69,10 +72,108 @@ def _deployment(a):
             raise ConfigError(f"deployment file {a.file} not found")
         return Deployment(load(path), state_dir=a.state_dir, ready_timeout=a.ready_timeout,
                           register_timeout=a.register_timeout)
-    if is_file:
+    spec = None
+    if is_file and not (a.deploy_cmd == "down" and not path.exists()):
         spec = load(path)
-        return Deployment.load_state(a.state_dir or state_root() / spec.name, spec)
-    return Deployment.load_state(a.state_dir or state_root() / a.file)
+        state_dir = Path(a.state_dir or state_root() / spec.name)
+    else:
+        state_dir = Path(a.state_dir or state_root() / (path.stem if is_file else a.file))
+    if a.deploy_cmd == "down" and not (state_dir / "state.json").exists():
+        return None
+    return Deployment.load_state(state_dir, spec)
+
+
+class once_interruptible:
+    """The first Ctrl-C (or SIGTERM, SIGHUP) interrupts (KeyboardInterrupt);
+    later ones only say that what was started is being stopped, so the
+    rollback is never cut short and leaves no process behind."""
+
+    def __enter__(self):
+        import signal
+        self._signal = signal
+        self._hits = 0
+        self._old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:
+                continue
+            try:
+                self._old[sig] = signal.signal(sig, self._on_sigint)
+            except ValueError:              # not the main thread: leave signals alone
+                break
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self._hits += 1
+        if self._hits == 1:
+            raise KeyboardInterrupt
+        print("gridrpc deploy: stopping what was started, please wait ...", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            self._signal.signal(sig, old)
+        return False
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C, possibly wrapped by the runner (``DeployError from KeyboardInterrupt``)."""
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def follow(d, name: str, lines: int, out=None, poll: float = 0.25) -> int:
+    """``deploy logs --follow``: the last ``lines`` lines, then whatever the
+    element writes, until it stops (exit 0) or Ctrl-C (exit 130). Local and
+    Slurm elements: the log file is read here; ssh hosts: ``tail -F`` over ssh."""
+    import os
+    import subprocess
+    import time
+    out = out or sys.stdout
+    st = d.started.get(name)
+    d.logs(name, 0)                                   # clear errors: unknown name, not running
+    launcher = d.launcher(d.spec.element(name).host)
+    remote = getattr(launcher, "launcher_name", "") == "ssh"
+    if st.log_path and os.path.exists(st.log_path) and not remote:
+        out.write(d.logs(name, lines))
+        out.flush()
+        with open(st.log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            while True:
+                chunk = fh.read()
+                if chunk:
+                    out.write(chunk.decode(errors="replace"))
+                    out.flush()
+                    continue
+                if not launcher.alive(st):
+                    rest = fh.read()
+                    if rest:
+                        out.write(rest.decode(errors="replace"))
+                        out.flush()
+                    print(f"({name} is not running any more)", file=sys.stderr)
+                    return 0
+                time.sleep(poll)
+    argv_of = getattr(launcher, "ssh_argv", None)
+    if argv_of is None:
+        raise DeployFollowError(f"cannot follow the log of {name} on {d.spec.element(name).host}")
+    import shlex
+    path = shlex.quote(st.log_path)
+    pid = int(st.pid)
+    script = (f"tail -n {int(lines)} -F {path} 2>/dev/null & t=$!; "
+              f"while kill -0 {pid} 2>/dev/null; do sleep 1; done; sleep 1; kill $t 2>/dev/null; "
+              f"echo '({name} is not running any more)' >&2")
+    proc = subprocess.Popen(argv_of("sh -c " + shlex.quote(script)), stdin=subprocess.DEVNULL)
+    try:
+        return 0 if proc.wait() in (0, 143) else 1
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(5)
+
+
+class DeployFollowError(Exception):
+    pass
 
 
 def run(a: argparse.Namespace) -> int:
@@ -89,8 +190,12 @@ def run(a: argparse.Namespace) -> int:
     d = None
     try:
         d = _deployment(a)
+        if d is None:                           # down, and no state: a second `down` is fine
+            print(f"nothing running ({a.file} is not deployed, or already down)")
+            return 0
         if a.deploy_cmd == "up":
-            summary = d.up()
+            with once_interruptible():
+                summary = d.up()
             if a.json:
                 print(json.dumps(summary, indent=2))
             else:
@@ -116,8 +221,14 @@ def run(a: argparse.Namespace) -> int:
                 print(format_status(rows))
             return 0 if all(r["process"] == "running" and r["tree"] == "alive" for r in rows) else 1
         elif a.deploy_cmd == "logs":
+            if a.follow:
+                return follow(d, a.element, a.lines)
             sys.stdout.write(d.logs(a.element, a.lines))
-    except GridRPCError as exc:
+    except (GridRPCError, DeployFollowError) as exc:
+        if _interrupted(exc):
+            print(f"gridrpc deploy {a.deploy_cmd}: interrupted; what was started has been stopped",
+                  file=sys.stderr)
+            return 130
         print(f"gridrpc deploy {a.deploy_cmd}: {exc}", file=sys.stderr)
         return 1
     finally:

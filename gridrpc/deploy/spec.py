@@ -24,6 +24,12 @@ SeD keeps running once its parent is gone for good and nothing runs on it.
 It is taken from the element, else its host, else the top-level
 ``orphan_timeout``, else :data:`DEFAULT_ORPHAN_TIMEOUT` for ssh and slurm
 hosts (nothing for local ones). See docs/deployment.md.
+
+The whole file is validated before anything starts (:mod:`.schema`:
+pydantic models plus the cross-entry rules); every problem is reported at
+once, each with the file, the line and the field::
+
+    local.yaml:7: seds[0].queue (SeD sed-1): unknown queue policy 'fcsf'; known: ethic, fcfs
 """
 from __future__ import annotations
 
@@ -34,18 +40,14 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from . import schema
 
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
 DEFAULT_ORPHAN_TIMEOUT = 30.0
 _UNSET = object()
-_HOST_KEYS = {"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
-              "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
-              "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"}
-_TOP_KEYS = {"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout",
-             "plugins"}
-_SED_KEYS = {"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
-             "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
-             "scheduler", "partition", "options"}
+_HOST_KEYS = set(schema.HOST_KEYS)
+_TOP_KEYS = set(schema.TOP_KEYS)
+_SED_KEYS = set(schema.SED_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,131 +143,71 @@ class DeploymentSpec:
 
 
 def load(path: str | Path) -> DeploymentSpec:
+    """Read and validate a deployment file; ConfigError names file, line and field."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"deployment file {p} not found")
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-    return parse(data, name=p.stem, path=str(p.resolve()))
-
-
-def _req(d: Any, what: str) -> dict:
-    if not isinstance(d, dict):
-        raise ConfigError(f"{what} must be a mapping, got {type(d).__name__}")
-    return d
-
-
-def _timeout(d: dict, what: str):
-    """``orphan_timeout`` of a mapping: _UNSET when absent, None for null/never, else > 0."""
-    if "orphan_timeout" not in d:
-        return _UNSET
-    v = d["orphan_timeout"]
-    if v is None or v in ("never", "none", False):
-        return None
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read deployment file {p}: {exc}") from exc
     try:
-        v = float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}: orphan_timeout must be a number of seconds or null") from None
-    if v <= 0:
-        raise ConfigError(f"{what}: orphan_timeout must be > 0 (or null for never)")
-    return v
+        data, lines = schema.load_yaml(text, str(p))
+    except yaml.YAMLError as exc:
+        raise ConfigError(schema.yaml_error_text(exc, str(p))) from None
+    return parse(data, name=p.stem, path=str(p.resolve()), lines=lines, source=str(p))
 
 
-def parse(data: Any, *, name: str = "deployment", path: str | None = None) -> DeploymentSpec:
-    data = _req(data, "the deployment file")
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(f"unknown top-level keys: {', '.join(sorted(unknown))}")
+def _orphan(model, raw: Any):
+    """An ``orphan_timeout`` as the dataclasses keep it: _UNSET when absent."""
+    if not isinstance(raw, dict) or "orphan_timeout" not in raw:
+        return _UNSET
+    return model.orphan_timeout
+
+
+def parse(data: Any, *, name: str = "deployment", path: str | None = None,
+          lines: "schema.Lines | None" = None, source: str | None = None) -> DeploymentSpec:
+    """Validate ``data`` (a deployment file's content) into a DeploymentSpec.
+    ``lines``/``source`` (from :func:`load`) put file and line in the errors."""
+    checked, problems = schema.check(data, lines)
+    if problems:
+        raise ConfigError(schema.format_problems(problems, data, lines, source))
     hosts = {"localhost": HostSpec(name="localhost")}
-    for hname, h in (_req(data.get("hosts") or {}, "hosts")).items():
-        h = _req(h, f"host {hname}")
-        bad = set(h) - _HOST_KEYS
-        if bad:
-            raise ConfigError(f"host {hname}: unknown keys {', '.join(sorted(bad))}")
-        launcher = h.get("launcher") or ("ssh" if h.get("ssh") else "slurm" if h.get("node") else "local")
-        if launcher not in ("local", "ssh", "slurm"):
-            raise ConfigError(f"host {hname}: launcher must be local, ssh or slurm")
-        if launcher == "ssh" and not h.get("ssh"):
-            raise ConfigError(f"host {hname}: 'ssh: user@host' is required for ssh hosts")
-        address = h.get("address") or (str(h["ssh"]).rsplit("@", 1)[-1] if h.get("ssh") else
-                                        h.get("node") or "127.0.0.1")
+    for hname, h in checked.hosts.items():
+        raw = data["hosts"][hname] if hname in data["hosts"] else data["hosts"].get(_key_of(data["hosts"], hname))
+        launcher = h.launcher or ("ssh" if h.ssh else "slurm" if h.node else "local")
+        address = h.address or (h.ssh.rsplit("@", 1)[-1] if h.ssh else h.node or "127.0.0.1")
         hosts[hname] = HostSpec(
-            name=hname, launcher=launcher, address=str(address), ssh=h.get("ssh"), port=int(h.get("port", 22)),
-            key=h.get("key"), known_hosts=h.get("known_hosts"), python=h.get("python"), venv=h.get("venv"),
-            workdir=h.get("workdir"), env={str(k): str(v) for k, v in (h.get("env") or {}).items()},
-            ssh_options=tuple(str(o) for o in h.get("ssh_options") or ()),
-            wrapper=tuple(str(w) for w in h.get("wrapper") or ()),
-            node=h.get("node"), user=h.get("user"), ssh_config=h.get("ssh_config"),
-            connect_timeout=float(h.get("connect_timeout", 10.0)),
-            orphan_timeout=_timeout(h, f"host {hname}"),
-            srun_args=tuple(str(a) for a in h.get("srun_args") or ()),
-            ssh_multiplex=bool(h.get("ssh_multiplex", True)))
-    hb = _req(data.get("heartbeat") or {}, "heartbeat")
-    if not data.get("master_agent"):
-        raise ConfigError("the deployment file needs a 'master_agent: {name: MA, host: ..., port: ...}' entry")
-    ma = _req(data.get("master_agent"), "master_agent")
-    bad = set(ma) - {"name", "host", "port", "http_port"}
-    if bad:
-        raise ConfigError(f"master_agent: unknown keys {', '.join(sorted(bad))}")
-    elements = [ElementSpec(name=str(ma.get("name", "MA")), kind="ma", host=str(ma.get("host", "localhost")),
-                            port=int(ma.get("port", 5555)), http_port=ma.get("http_port"))]
-    for la in data.get("local_agents") or []:
-        la = _req(la, "a local agent")
-        if "name" not in la or "parent" not in la:
-            raise ConfigError(f"local agent {la}: 'name' and 'parent' are required")
-        bad = set(la) - {"name", "parent", "host", "port", "orphan_timeout"}
-        if bad:
-            raise ConfigError(f"local agent {la['name']}: unknown keys {', '.join(sorted(bad))}")
-        la_ot = _timeout(la, f"local agent {la['name']}")
-        elements.append(ElementSpec(name=str(la["name"]), kind="la", host=str(la.get("host", "localhost")),
-                                    parent=str(la["parent"]), port=int(la.get("port", 0)),
-                                    options={} if la_ot is _UNSET else {"orphan_timeout": la_ot}))
-    for sed in data.get("seds") or []:
-        sed = _req(sed, "a SeD")
-        if "name" not in sed or "parent" not in sed:
-            raise ConfigError(f"SeD {sed}: 'name' and 'parent' are required")
-        bad = set(sed) - _SED_KEYS
-        if sed.get("kind") == "cloud":        # keys and values checked by the cloud SeD's parser
-            from ..sed.cloud.config import CLOUD_KEYS, parse_cloud_config
-            bad -= CLOUD_KEYS
-            parse_cloud_config({k: v for k, v in sed.items() if k in CLOUD_KEYS or k not in _SED_KEYS},
-                               what=f"SeD {sed['name']}")
-        if sed.get("kind") == "batch":        # batch SeD settings (docs/batch.md), checked here
-            from ..sed.batch.config import BATCH_KEYS, batch_settings, parse_batch_config
-            bad -= BATCH_KEYS
-            if not bad:
-                parse_batch_config(batch_settings(sed), what=f"SeD {sed['name']}")
-        if bad:
-            raise ConfigError(f"SeD {sed['name']}: unknown keys {', '.join(sorted(bad))}")
-        sed_ot = _timeout(sed, f"SeD {sed['name']}")
-        if not sed.get("services") and not sed.get("examples"):
-            raise ConfigError(f"SeD {sed['name']}: give 'services: [module:function, ...]' (or 'examples: true')")
-        elements.append(ElementSpec(name=str(sed["name"]), kind="sed", host=str(sed.get("host", "localhost")),
-                                    parent=str(sed["parent"]), port=int(sed.get("port", 0)),
-                                    options={k: (sed_ot if k == "orphan_timeout" else v) for k, v in sed.items()
-                                             if k not in ("name", "parent", "host", "port")}))
-    names = [e.name for e in elements]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise ConfigError(f"element names must be unique: {', '.join(sorted(dup))}")
-    agents = {e.name for e in elements if e.kind in ("ma", "la")}
-    for e in elements:
-        if e.parent is not None and e.parent not in agents:
-            raise ConfigError(f"{e.name}: parent {e.parent!r} is not an agent of this deployment")
-        if e.host not in hosts and e.host not in LOCAL_HOSTS:
-            raise ConfigError(f"{e.name}: host {e.host!r} is not 'localhost' nor listed under hosts:")
-    plugins = _req(data.get("plugins") or {}, "plugins")
-    if set(plugins) - {"aggregators"}:
-        raise ConfigError(f"plugins: unknown keys {', '.join(sorted(set(plugins) - {'aggregators'}))} "
-                          "(known: aggregators)")
-    aggs = plugins.get("aggregators") or []
-    if not isinstance(aggs, list) or not all(isinstance(t, str) and ":" in t for t in aggs):
-        raise ConfigError("plugins.aggregators must be a list of 'package.module:Class'")
-    spec = DeploymentSpec(name=str(data.get("name") or name), elements=tuple(elements), hosts=hosts,
-                          aggregator_plugins=tuple(aggs),
-                          hb_interval=float(hb.get("interval", 1.0)), hb_timeout=float(hb.get("timeout", 3.0)),
-                          path=path, orphan_timeout=_timeout(data, "the deployment"), raw=data)
+            name=hname, launcher=launcher, address=str(address), ssh=h.ssh, port=h.port,
+            key=h.key, known_hosts=h.known_hosts, python=h.python, venv=h.venv, workdir=h.workdir,
+            env=dict(h.env), ssh_options=tuple(h.ssh_options), wrapper=tuple(h.wrapper), node=h.node,
+            user=h.user, ssh_config=h.ssh_config, connect_timeout=h.connect_timeout,
+            orphan_timeout=_orphan(h, raw), srun_args=tuple(h.srun_args), ssh_multiplex=h.ssh_multiplex)
+    ma = checked.master_agent
+    elements = [ElementSpec(name=ma.name, kind="ma", host=ma.host, port=ma.port, http_port=ma.http_port)]
+    for la, raw in zip(checked.local_agents, data.get("local_agents") or []):
+        ot = _orphan(la, raw)
+        elements.append(ElementSpec(name=la.name, kind="la", host=la.host, parent=la.parent, port=la.port,
+                                    options={} if ot is _UNSET else {"orphan_timeout": ot}))
+    for sed, raw in zip(checked.seds, data.get("seds") or []):
+        options = {k: v for k, v in raw.items() if k not in ("name", "parent", "host", "port")}
+        for key in ("services", "examples", "max_concurrent", "queue", "replicas", "workers", "isolation",
+                    "kill_grace", "kind", "args", "scheduler", "partition"):
+            if key in raw:
+                options[key] = getattr(sed, key)            # validated values (ints are ints, ...)
+        if "orphan_timeout" in raw:
+            options["orphan_timeout"] = sed.orphan_timeout
+        elements.append(ElementSpec(name=sed.name, kind="sed", host=sed.host, parent=sed.parent, port=sed.port,
+                                    options=options))
+    hb = checked.heartbeat
+    spec = DeploymentSpec(name=str(checked.top.name or name), elements=tuple(elements), hosts=hosts,
+                          aggregator_plugins=tuple(checked.plugins.aggregators),
+                          hb_interval=hb.interval, hb_timeout=hb.timeout,
+                          path=path, orphan_timeout=_orphan(checked.top, data), raw=data)
     spec.ordered()
     return spec
+
+
+def _key_of(mapping: dict, text: str):
+    """The original key (maybe not a str in YAML) whose text is ``text``."""
+    return next((k for k in mapping if str(k) == text), text)

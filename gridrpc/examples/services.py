@@ -1,5 +1,5 @@
-"""Example services: ``add``, ``sleep``, ``echo``, ``fail``, ``dgemm``, ``exit``
-and a few more used by tests, demos and experiments.
+"""Example services: ``add``, ``sleep``, ``echo``, ``fail``, ``dgemm``, ``exit``,
+``montecarlo`` and a few more used by tests, demos and experiments.
 
 Start them on a SeD with ``gridrpc sed --service gridrpc.examples.services:add``.
 """
@@ -54,7 +54,24 @@ def noop():
     return None
 
 
-ALL = ["add", "sleep", "echo", "fail", "dgemm", "exit", "wc", "noop"]
+def montecarlo(seed: int, samples: int = 200_000) -> float:
+    """Estimate pi from ``samples`` random points (numpy), reproducibly from ``seed``.
+
+    The task of the README's optional computations: every seed is one
+    independent estimate; average as many as the deadline allows."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+    rng = np.random.default_rng(seed)
+    inside, left = 0, samples
+    while left:                                   # bounded memory for large sample counts
+        n = min(left, 1 << 20)
+        x, y = rng.random((2, n))
+        inside += int(np.count_nonzero(x * x + y * y <= 1.0))
+        left -= n
+    return 4.0 * inside / samples
+
+
+ALL = ["add", "sleep", "echo", "fail", "dgemm", "exit", "wc", "noop", "montecarlo"]
 
 
 def upper_file(path: str):

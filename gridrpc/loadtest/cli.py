@@ -8,8 +8,9 @@ N workers (distributed locust on this machine). Every run is bounded: by
 ``--run-time`` and by ``--max-requests`` (the users stop once that many
 requests have started), and a run that overstays its time is killed.
 
-It prints a table per request type and service (locust's numbers and the
-client's own), writes ``--csv``/``--html``/``--json`` when asked, and exits
+While it runs it prints progress every few seconds (requests, failures,
+rate) on stderr; at the end a table per request type and service (locust's
+numbers and the client's own), writes ``--csv``/``--html``/``--json`` when asked, and exits
 with 1 when the failure ratio exceeds ``--fail-ratio`` (or nothing ran), 2 on
 a usage or deployment error, 0 otherwise.
 """
@@ -28,10 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..address import parse_address
 from ..errors import ConfigError, GridRPCError
 from .config import format_mix, parse_args, parse_mix
 
 LOCUSTFILE = str(Path(__file__).with_name("locustfile.py"))
+PROGRESS_EVERY = 3.0      # s between progress lines
+INSTALL_HINT = "pip install 'gridrpc[load]'"
+# locust's console table (every 2 s, headless): the "Aggregated" row
+_AGGREGATED = re.compile(r"^\s*Aggregated\s+(\d+)\s+(\d+)\([\d.]+%\)\s*\|.*\|\s*([\d.]+)\s+([\d.]+)\s*$", re.M)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -76,11 +82,20 @@ def parse_timespan(text: str) -> float:
 
 
 def normalise_address(target: str) -> str:
-    if "://" in target:
-        return target
-    if re.fullmatch(r"[\w.\-]+:\d+", target):
-        return f"tcp://{target}"
-    raise ConfigError(f"{target!r} is neither a deployment file nor an address (tcp://host:port)")
+    """The master agent address of the command line (any form
+    :mod:`gridrpc.address` accepts) -> ``tcp://host:port``/``ipc://...``."""
+    return parse_address(target, what="target (a deployment file or a master agent address)")
+
+
+def locust_missing() -> str | None:
+    """Why locust cannot run here (None: it can)."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("locust") is None:
+            return "No module named 'locust'"
+    except (ImportError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def _free_port() -> int:
@@ -94,6 +109,11 @@ def run(a: argparse.Namespace) -> int:
         _check(a)
     except ConfigError as exc:
         print(f"gridrpc loadtest: {exc}", file=sys.stderr)
+        return 2
+    why = locust_missing()
+    if why:
+        print(f"gridrpc loadtest: locust is not installed ({why}); install it with: {INSTALL_HINT}",
+              file=sys.stderr)
         return 2
     path = Path(a.target)
     if path.suffix in (".yaml", ".yml") or path.is_file():
@@ -160,7 +180,7 @@ def _run_locust(a, address: str) -> int:
         Path(summary_path).unlink()
     base = [sys.executable, "-m", "locust", "-f", a.locustfile, "--headless", "-u", str(a.users),
             "-r", str(a.spawn_rate), "-t", f"{a.run_seconds:g}s", "--stop-timeout", "1",
-            "--only-summary", "--loglevel", "INFO" if a.verbose else "WARNING"]
+            "--loglevel", "INFO" if a.verbose else "WARNING"]
     if a.csv:
         base += ["--csv", a.csv]
     if a.html:
@@ -189,7 +209,7 @@ def _run_locust(a, address: str) -> int:
               f"at most {a.run_seconds:g}s and {a.max_requests} requests", file=sys.stderr, flush=True)
         limit = a.run_seconds + 45 + (30 if a.workers else 0)
         t0 = time.monotonic()
-        rc = _wait(procs[0], limit)
+        rc = _wait_reporting(procs[0], limit, None if a.verbose else logs[0])
         for p in procs[1:]:
             _wait(p, max(5.0, limit - (time.monotonic() - t0)))
     finally:
@@ -228,6 +248,59 @@ def _spawn(cmd, env, tmp: Path, name: str, verbose: bool, logs: list) -> subproc
     finally:
         if fh:
             fh.close()
+
+
+class _Progress:
+    """Progress lines from locust's console table in its log (headless locust
+    prints it every 2 s): requests, failures and the current rate."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.offset = 0
+        self.tail = ""
+        self.last = (0.0, 0)            # (elapsed, requests) at the previous line
+
+    def line(self, elapsed: float) -> str | None:
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return None
+        self.offset += len(data)
+        text = self.tail + data.decode(errors="replace")
+        cut = text.rfind("\n") + 1
+        self.tail = text[cut:]
+        rows = _AGGREGATED.findall(text[:cut])
+        if not rows:
+            return None
+        reqs, fails, rps = int(rows[-1][0]), int(rows[-1][1]), float(rows[-1][2])
+        if rps <= 0:              # locust's rate of the last seconds is 0 at first: ours since last line
+            dt = elapsed - self.last[0]
+            rps = (reqs - self.last[1]) / dt if dt > 0 else 0.0
+        self.last = (elapsed, reqs)
+        return f"gridrpc loadtest: {elapsed:4.0f}s: {reqs} requests, {fails} failures, {rps:.1f} req/s"
+
+
+def _wait_reporting(p: subprocess.Popen, timeout: float, log: Path | None):
+    """Wait for ``p`` like :func:`_wait`, printing progress every
+    :data:`PROGRESS_EVERY` seconds from its log (if given)."""
+    t0 = time.monotonic()
+    progress = _Progress(log) if log is not None else None
+    next_report = t0 + PROGRESS_EVERY
+    while True:
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            return None
+        rc = _wait(p, min(left, max(0.1, next_report - time.monotonic())))
+        if rc is not None:
+            return rc
+        now = time.monotonic()
+        if progress is not None and now >= next_report:
+            text = progress.line(now - t0)
+            if text:
+                print(text, file=sys.stderr, flush=True)
+            next_report = now + PROGRESS_EVERY
 
 
 def _wait(p: subprocess.Popen, timeout: float):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import ConfigError, InvalidArgument
-
 import numbers
+
+import numpy as np
+
+from ..errors import ConfigError, InvalidArgument
 
 _SIMPLE = {int: (numbers.Integral,), float: (numbers.Real,), str: (str,), bool: (bool,), bytes: (bytes,),
            complex: (numbers.Complex,), list: (list,), dict: (dict,), tuple: (tuple, list)}
@@ -32,24 +36,86 @@ class Service:
         return d
 
     def check(self, args: list, kwargs: dict) -> None:
-        """Wrong number or type of arguments -> InvalidArgument, before queueing."""
+        """Wrong number, names or types of arguments -> one InvalidArgument
+        naming every problem, before queueing."""
         if self.signature is None:
             return
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise InvalidArgument(f"{self.name}{self.signature}: {exc}") from None
-        for pname, value in bound.arguments.items():
-            ann = self.signature.parameters[pname].annotation
-            kind = self.signature.parameters[pname].kind
-            if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-                continue
-            ok_types = _SIMPLE.get(ann)
-            if ok_types is None:
-                continue
-            if not isinstance(value, ok_types) or (isinstance(value, bool) and ann in (int, float, complex)):
-                raise InvalidArgument(f"{self.name}: argument {pname!r} must be {ann.__name__}, "
-                                      f"got {type(value).__name__} ({value!r:.60})")
+        bound, problems = _bind(self.signature, args, kwargs)
+        count_problems = bool(problems)
+        params = self.signature.parameters
+        for pname, value in bound.items():
+            p = params[pname]
+            if value is None and p.default is None:
+                continue                      # `x: T = None`: None is the default, hence allowed
+            checker = _checker(p.annotation)
+            if checker is not None and not checker[1](value):
+                problems.append(f"argument {pname!r} must be {checker[0]}, got {type(value).__name__} "
+                                f"({value!r:.60})")
+        if problems:
+            head = f"{self.name}{self.signature}" if count_problems else self.name
+            raise InvalidArgument(f"{head}: " + "; ".join(problems))
+
+
+_P = inspect.Parameter
+
+
+def _bind(sig: inspect.Signature, args: list, kwargs: dict) -> tuple[dict, list[str]]:
+    """Like ``Signature.bind`` but collecting every problem instead of
+    stopping at the first; returns (bound named arguments, problems)."""
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)]
+    var_pos = any(p.kind is _P.VAR_POSITIONAL for p in params)
+    var_kw = any(p.kind is _P.VAR_KEYWORD for p in params)
+    bound: dict[str, Any] = {}
+    problems: list[str] = []
+    if len(args) > len(positional) and not var_pos:
+        problems.append(f"too many positional arguments ({len(args)} given, at most {len(positional)})")
+    for p, value in zip(positional, args):
+        bound[p.name] = value
+    by_name = sig.parameters
+    for key, value in kwargs.items():
+        p = by_name.get(key)
+        if p is None or p.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD):
+            if not var_kw:
+                problems.append(f"got an unexpected keyword argument {key!r}")
+        elif p.kind is _P.POSITIONAL_ONLY:
+            if not var_kw:
+                problems.append(f"positional-only argument {key!r} passed as a keyword argument")
+        elif key in bound:
+            problems.append(f"multiple values for argument {key!r}")
+        else:
+            bound[key] = value
+    for p in params:
+        if p.default is _P.empty and p.name not in bound:
+            if p.kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD):
+                problems.append(f"missing a required argument: {p.name!r}")
+            elif p.kind is _P.KEYWORD_ONLY:
+                problems.append(f"missing a required keyword-only argument: {p.name!r}")
+    return bound, problems
+
+
+def _checker(ann: Any) -> tuple[str, Callable[[Any], bool]] | None:
+    """(description, test) for the annotations we can check: int, float,
+    complex, bool, str, bytes, list, dict, tuple, None, numpy arrays
+    (``np.ndarray``, ``numpy.typing.NDArray[...]``) and unions of those.
+    Anything else (``Any``, ``list[int]``, user classes, ...) is not checked."""
+    if ann is None or ann is type(None):
+        return "None", lambda v: v is None
+    ok_types = _SIMPLE.get(ann) if isinstance(ann, type) else None
+    if ok_types is not None:
+        if ann in (int, float, complex):
+            return ann.__name__, lambda v: isinstance(v, ok_types) and not isinstance(v, bool)
+        return ann.__name__, lambda v: isinstance(v, ok_types)
+    if (isinstance(ann, type) and issubclass(ann, np.ndarray)) or typing.get_origin(ann) is np.ndarray:
+        return "ndarray", lambda v: isinstance(v, np.ndarray)
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        parts = [_checker(a) for a in typing.get_args(ann)]
+        if any(c is None for c in parts):
+            return None
+        parts.sort(key=lambda c: c[0] == "None")          # "int or None", not "None or int"
+        tests = [c[1] for c in parts]
+        return " or ".join(c[0] for c in parts), lambda v: any(t(v) for t in tests)
+    return None
 
 
 def make_service(name: str | None, fn: Callable, *, doc: str | None = None,

@@ -74,6 +74,7 @@ class AsyncClient:
         self._driver: AsyncCallDriver | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self._tasks: set[asyncio.Task] = set()     # submitted calls still running
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> "AsyncClient":
@@ -99,6 +100,12 @@ class AsyncClient:
                 fut.set_exception(CommunicationError("client closed"))
         if self._driver is not None:
             self._driver.abort_all("client closed")
+        if self._tasks:          # let submitted calls end (they fail: client closed), retrieved here
+            tasks = list(self._tasks)
+            done, pending = await asyncio.wait(tasks, timeout=2.0)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._ma:
             self._ma.close()
         for ch in self._seds.values():
@@ -196,9 +203,11 @@ class AsyncClient:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
         call.optional = optional
-        call._bind(self.loop.create_task(self._run(call, args, kwargs, server,
-                                                   timeout if timeout is not None else self.timeout,
-                                                   aggregator)))
+        task = self.loop.create_task(self._run(call, args, kwargs, server,
+                                               timeout if timeout is not None else self.timeout, aggregator))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        call._bind(task)
         return call
 
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "AsyncHandle":

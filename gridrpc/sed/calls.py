@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..core import codec
 from ..core import messages as m
+from ..core.events import EventKind, make_event
 from ..core.messages import MsgType
 from ..core.sed_calls import CallRecord, CallState, Drop, Expired, Fetch, Reacknowledge, Resend, Run, Stop
 from ..errors import GridRPCError, InvalidArgument, ProtocolError
@@ -105,6 +106,7 @@ class CallsMixin:
     def admit(self, call: _Call, now: float | None = None) -> None:
         """Queue a call (also used by back-ends: calls recovered after a restart)."""
         now = time.time() if now is None else now
+        self._event(EventKind.CALL_QUEUED, call, now)
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
     def _accepted(self, call: _Call, duplicate: bool = False) -> dict:
@@ -184,6 +186,8 @@ class CallsMixin:
         for a in actions:
             if isinstance(a, Run):
                 if not self._closing:
+                    now = time.time()
+                    self._event(EventKind.CALL_STARTED, a.call, now, duration=now - a.call.received)
                     a.call.task = asyncio.get_running_loop().create_task(self._execute(a.call))
             elif isinstance(a, Stop):
                 self._stop(a.call, a.reason)
@@ -268,10 +272,34 @@ class CallsMixin:
         delivered = bool(call.route) and not self.endpoint.closed and self.endpoint.send_frames(call.route, frames)
         if call.route and not delivered:
             log.info("SeD %s: answer to %s not delivered", self.name, call.id)
-        actions = self.lifecycle.complete(call.id, frames, ok=ok, now=time.time())
+        now = time.time()
+        self._ended_event(call, header, now)
+        actions = self.lifecycle.complete(call.id, frames, ok=ok, now=now)
         self.execution.finished(call, header, frames, delivered)
         call.args = call.kwargs = None          # the record may outlive the call (tasks): free the data
         self._apply(call.replica, actions)
+
+    # -- events (VizDIET's BEGIN_SOLVE / END_SOLVE...) ----------------------
+    def _event(self, kind: EventKind, call: _Call, now: float, *, duration: float | None = None,
+               detail: str | None = None) -> None:
+        self.events.emit(make_event(kind, now, call.replica.name, id=call.id, user=call.user,
+                                    service=call.service, server=call.replica.name, duration=duration,
+                                    optional=call.optional, detail=detail))
+
+    def _ended_event(self, call: _Call, header: dict, now: float) -> None:
+        ran = None if call.started is None else now - call.started
+        if header.get("type") == MsgType.RESULT.value:
+            return self._event(EventKind.CALL_FINISHED, call, now, duration=ran)
+        err = header.get("error") if isinstance(header.get("error"), dict) else {}
+        kind, detail = err.get("kind"), f"{err.get('type', '')}: {err.get('message', '')}"
+        if kind == "cancelled":
+            self._event(EventKind.CALL_CANCELLED, call, now, duration=ran)
+        elif kind == "preempted":
+            self._event(EventKind.CALL_PREEMPTED, call, now, duration=ran)
+        else:
+            if kind == "worker_died":
+                self._event(EventKind.WORKER_DIED, call, now, detail=detail)
+            self._event(EventKind.CALL_FAILED, call, now, duration=ran, detail=detail)
 
     def _spawn(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from ..core import messages as m
 from ..core.estimation import RunTimePredictor
+from ..core.events import EventOutbox
 from ..core.messages import MsgType
 from ..core.queue import SedScheduler, make_policy
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
@@ -119,6 +120,7 @@ class SeD(CallsMixin):
         self._bg: set[asyncio.Task] = set()
         self.started = time.time()
         self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0}
+        self.events = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.closed = asyncio.Event()
         self._closing = False
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
@@ -270,7 +272,7 @@ class SeD(CallsMixin):
                 "services": [s.describe() for s in self.services.values()], "load": self._load(r)}
 
     def _load(self, r: Replica) -> dict:
-        load = {"num_running": len(r.scheduler.running),
+        load = {"policy": r.scheduler.policy.name, "num_running": len(r.scheduler.running),
                 "num_waiting": len(r.scheduler.requests) - len(r.scheduler.running),
                 "free_cpu": self.host.tags.get("free_cpu"), "completed": r.completed}
         load.update(self.execution.load(r))

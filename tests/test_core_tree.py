@@ -136,8 +136,89 @@ def test_services_union_of_children():
     svcs = r.services()
     assert set(svcs) == {"add", "echo"}
     assert svcs["add"]["doc"] == "add doc"              # first child's metadata wins
-    svcs["add"]["doc"] = "mutated"
-    assert r.children["sed-1"].services["add"]["doc"] == "add doc"   # a copy
+    assert dict(svcs["echo"]) == {"doc": "", "params": []}
+
+
+def test_services_result_cannot_corrupt_the_cache_or_the_children():
+    r = ChildRegistry("MA")
+    r.register(b"1", sed_header("sed-1", ["add"]), 0.0)
+    svcs = r.services()
+    with pytest.raises(TypeError):
+        svcs["add"]["doc"] = "mutated"                  # read-only all the way down to the metadata
+    with pytest.raises(TypeError):
+        svcs["evil"] = {}
+    with pytest.raises(TypeError):
+        del svcs["add"]
+    assert r.services()["add"]["doc"] == "add doc"
+    assert r.children["sed-1"].services["add"]["doc"] == "add doc"
+    assert {"name": "add", **r.services()["add"]} == {"name": "add", "doc": "add doc", "params": [{"name": "x"}]}
+
+
+def test_offering_result_is_the_callers_own():
+    r = ChildRegistry("MA")
+    r.register(b"1", sed_header("sed-1"), 0.0)
+    got = r.offering("add")
+    got.append("intruder")
+    got.clear()
+    assert r.offering("add") == ["sed-1"]
+
+
+def _cached(r):
+    """Both caches, filled."""
+    return r.services(), r.offering("add")
+
+
+def test_services_cache_is_reused_until_a_change():
+    r = ChildRegistry("MA")
+    r.register(b"1", sed_header("sed-1", ["add"]), 0.0)
+    first = r.services()
+    assert r.services() is first                       # cached: no rebuild per discovery
+    r.heartbeat(b"1", {"name": "sed-1", "load": {"num_waiting": 2}}, 1.0)
+    r.register(b"1", sed_header("sed-1", ["add"], load={"x": 1}), 2.0)    # same shape
+    assert r.services() is first
+
+
+def test_services_cache_invalidated_on_register():
+    r = ChildRegistry("MA")
+    r.register(b"1", sed_header("sed-1", ["add"]), 0.0)
+    _cached(r)
+    r.register(b"2", sed_header("sed-2", ["echo"]), 0.0)           # a new child
+    assert set(r.services()) == {"add", "echo"} and r.offering("echo") == ["sed-2"]
+    r.register(b"1", sed_header("sed-1", ["add", "sleep"]), 1.0)   # a child's services changed
+    assert set(r.services()) == {"add", "echo", "sleep"} and r.offering("sleep") == ["sed-1"]
+    r.register(b"1", {**sed_header("sed-1", []), "services": [{"name": "add", "doc": "new doc"}]}, 2.0)
+    assert r.services()["add"]["doc"] == "new doc" and "sleep" not in r.services()
+
+
+def test_services_cache_invalidated_on_heartbeat_shape_change():
+    r = ChildRegistry("MA")
+    r.register(b"la", la_header("LA1", [("sed-a", ["add"])]), 0.0)
+    before_services, before_offering = _cached(r)
+    grown = la_header("LA1", [("sed-a", ["add"]), ("sed-b", ["echo"])])["elements"]
+    r.heartbeat(b"la", {"name": "LA1", "elements": grown}, 1.0)
+    assert r.services() is not before_services          # rebuilt after the shape change
+    assert dict(r.services()) == dict(before_services) and r.offering("add") == before_offering
+    assert sorted(r.catalogue()["echo"]["servers"]) == ["sed-b"]
+
+
+def test_services_cache_invalidated_on_remove():
+    r = ChildRegistry("MA")
+    r.register(b"1", sed_header("sed-1", ["add", "sleep"]), 0.0)
+    r.register(b"2", sed_header("sed-2", ["add"]), 0.0)
+    _cached(r)
+    assert r.remove("sed-1") is True
+    assert set(r.services()) == {"add"} and r.offering("add") == ["sed-2"] and r.offering("sleep") == []
+
+
+def test_services_cache_invalidated_on_expire():
+    r = ChildRegistry("MA")
+    r.register(b"1", sed_header("sed-1", ["add", "sleep"]), 0.0)
+    r.register(b"2", sed_header("sed-2", ["echo"]), 5.0)
+    _cached(r)
+    assert r.expire(now=6.0, timeout=3.0) == ["sed-1"]
+    assert set(r.services()) == {"echo"} and r.offering("add") == [] and r.offering("echo") == ["sed-2"]
+    assert r.expire(now=100.0, timeout=3.0) == ["sed-2"]
+    assert dict(r.services()) == {} and r.catalogue() == {}
 
 
 def test_elements_flatten_nested_agents():

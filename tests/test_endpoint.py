@@ -28,13 +28,14 @@ def test_rate_limited_log_counts_and_summarises(caplog):
 def test_dispatch_errors_and_statistics():
     seen = []
     holder = {}
+    rejected = []
 
     def on_ping(msg):
         seen.append((msg.id, msg.user, len(msg.peer) > 0))
         holder["ep"].reply(msg, m.make(MsgType.PONG, msg.id))
 
     def on_discover(msg):
-        float(msg.header.get("budget_ms", "x"))      # a field outside the schema, malformed: ValueError
+        float(msg.header.get("free_field", "x"))     # a field outside the schema, malformed: ValueError
 
     def on_services(msg):
         raise RuntimeError("bug")
@@ -45,12 +46,13 @@ def test_dispatch_errors_and_statistics():
         [b"garbage"],
         [orjson.dumps({"v": 1, "type": "ping", "id": ".."})],
         [m.dumps(m.make(MsgType.CALL, "c1", service="x", args=[], kwargs={}))],
-        [m.dumps(m.make(MsgType.DISCOVER, "d1", service="x", k=1, budget_ms="x"))],
+        [m.dumps(m.make(MsgType.DISCOVER, "d1", service="x", k=1, free_field="x"))],
         [m.dumps(m.make(MsgType.SERVICES, "s1"))],
     ]
 
     async def run():
-        ep = Endpoint("T", "tcp://127.0.0.1:0", handlers, what="test daemon").start()
+        ep = Endpoint("T", "tcp://127.0.0.1:0", handlers, what="test daemon",
+                      on_rejected=lambda exc: rejected.append(str(exc))).start()
         holder["ep"] = ep
         s = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
@@ -77,3 +79,4 @@ def test_dispatch_errors_and_statistics():
     st = ep.stats.snapshot()
     assert st["received"] == 6 and st["bad_messages"] == 3 and st["handler_errors"] == 1
     assert st["unhandled_types"] == 1 and st["by_type"]["ping"] == 1
+    assert len(rejected) == 2 and "JSON" in rejected[0] and "'id'" in rejected[1]   # the owner is told

@@ -43,3 +43,29 @@ def test_api_services_metrics_health_index(tree):
     assert json.loads(health)["status"] == "ok"
     _, ctype, page = get(tree.http_url + "/")
     assert "text/html" in ctype and "sed-1-1" in page
+
+
+def _metric(text, name):
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_bad_messages_counted_in_metrics_and_statistics(tree):
+    import zmq
+    _, _, before = get(tree.http_url + "/metrics")
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(tree.ma_address)
+    try:
+        for frame in (b"garbage", b'{"v": 1, "type": "discover", "id": "x", "service": "add", "k": -1}'):
+            s.send_multipart([frame])
+            assert s.poll(3000)
+            s.recv_multipart()
+    finally:
+        s.close()
+    _, _, after = get(tree.http_url + "/metrics")
+    assert _metric(after, "gridrpc_bad_messages_total") == _metric(before, "gridrpc_bad_messages_total") + 2
+    st = tree.lt.call(tree.ma.statistics)
+    assert st["kind"] == "ma" and st["children"] == 2 and st["bad_messages"] >= 2
+    _, _, body = get(tree.http_url + "/api/tree")
+    ma = next(e for e in json.loads(body)["elements"] if e["name"] == "MA")
+    assert ma["load"]["bad_messages"] >= 2 and ma["load"]["children"] == 2

@@ -8,6 +8,7 @@ deadline, never blocks the answer.
 from __future__ import annotations
 
 import collections
+import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ class DiscoveryTable:
         self.memory = memory
         self.recent: dict[str, collections.deque] = {}
         self._last_sweep = 0.0
+        self._deadlines: list[tuple[float, str]] = []     # heap; entries of finished ones dropped lazily
 
     def start(self, id_: str, reply_to: object, children: list[str], k: int,
               aggregator: Aggregator, deadline: float, now: float = 0.0) -> Done | None:
@@ -57,6 +59,7 @@ class DiscoveryTable:
         if not p.waiting:
             return self._finish(p, now)
         self.pending[id_] = p
+        heapq.heappush(self._deadlines, (deadline, id_))
         return None
 
     def answer(self, id_: str, child: str, servers: list[dict], now: float = 0.0,
@@ -76,6 +79,19 @@ class DiscoveryTable:
             return self._finish(p, now)
         return None
 
+    def drop(self, id_: str, children: list, now: float = 0.0) -> Done | None:
+        """The request never reached ``children`` (the send failed): stop
+        waiting for them, without counting them as answered or timed out."""
+        p = self.pending.get(id_)
+        if p is None:
+            return None
+        for n in children:
+            p.waiting.discard(n)
+        if not p.waiting:
+            del self.pending[id_]
+            return self._finish(p, now)
+        return None
+
     def child_lost(self, child: str, now: float = 0.0) -> list[Done]:
         out = []
         for id_ in [i for i, p in self.pending.items() if child in p.waiting]:
@@ -87,13 +103,22 @@ class DiscoveryTable:
         return out
 
     def expire(self, now: float) -> list[Done]:
+        """Finish the discoveries whose deadline is ``<= now``, earliest first."""
         out = []
-        for id_ in [i for i, p in self.pending.items() if p.deadline <= now]:
-            out.append(self._finish(self.pending.pop(id_), now))
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, id_ = heapq.heappop(heap)
+            p = self.pending.get(id_)
+            if p is not None and p.deadline == deadline:
+                del self.pending[id_]
+                out.append(self._finish(p, now))
         return out
 
     def next_deadline(self) -> float | None:
-        return min((p.deadline for p in self.pending.values()), default=None)
+        heap = self._deadlines
+        while heap and heap[0][1] not in self.pending:     # finished before its deadline
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def _finish(self, p: Pending, now: float) -> Done:
         servers = self._with_recent(p.servers, now) if self.remember else p.servers

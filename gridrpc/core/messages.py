@@ -1,24 +1,32 @@
-"""Wire messages: types, required fields, validation at the boundary.
+"""Wire messages: types, fields, validation at the boundary.
 
 A message on the wire is ``[routing ids..., header, *buffers]``. The header is
 a JSON object (orjson) with ``v`` (protocol version), ``type``, ``id`` and the
 fields of its type; binary parts of encoded values are the extra frames.
 
-The table :data:`SCHEMA` says, for each type, the fields it must carry and
-their JSON types; :func:`parse_header` checks a received header against it and
-raises :class:`~gridrpc.errors.ProtocolError` with a clear message otherwise.
+:data:`FIELDS` (built in :mod:`gridrpc.core.fields`) says, for each type,
+every field it may carry: whether it is required, its JSON type and its
+bounds (finite numbers, ranges, list and string lengths, element names, ids).
+:func:`parse_header` checks a received header against it and raises
+:class:`~gridrpc.errors.ProtocolError` naming the field otherwise, so that a
+handler only ever sees well-formed values and every bad request is answered
+with a ``protocol`` error. ``null`` stands for an absent optional field.
+Fields the table does not list are kept unchecked (newer peers may add
+some); nothing reads them.
+
 Headers stay plain dicts after validation: they are built and read on the hot
 path, and a dict lookup is the cheapest typed access Python has.
 """
 from __future__ import annotations
 
 import enum
-import re
 from typing import Any
 
 import orjson
 
 from ..errors import ProtocolError
+from . import fields as _fields
+from .fields import ID_RE, NAME_RE, valid_id, valid_name  # noqa: F401  (part of this module's API)
 
 PROTOCOL_VERSION = 1
 
@@ -46,42 +54,14 @@ class MsgType(str, enum.Enum):
     ERROR = "error"                  # error: {kind, type, message, traceback}
 
 
-_STR, _INT, _NUM, _BOOL, _LIST, _DICT, _ANY = str, int, (int, float), bool, list, dict, object
-
-SCHEMA: dict[MsgType, dict[str, Any]] = {
-    MsgType.REGISTER: {"name": _STR, "kind": _STR, "services": _LIST},
-    MsgType.REGISTERED: {},
-    MsgType.UNREGISTER: {"name": _STR},
-    MsgType.HEARTBEAT: {"name": _STR},
-    MsgType.HEARTBEAT_ACK: {"known": _BOOL},
-    MsgType.DISCOVER: {"service": _STR, "k": _INT},
-    MsgType.SERVERS: {"servers": _LIST},
-    MsgType.SERVICES: {},
-    MsgType.CATALOGUE: {"services": _DICT},
-    MsgType.CALL: {"service": _STR, "args": _LIST, "kwargs": _DICT},
-    MsgType.ACCEPTED: {},
-    MsgType.RESULT: {},
-    MsgType.CANCEL: {},
-    MsgType.CANCELLED: {},
-    MsgType.PING: {},
-    MsgType.PONG: {},
-    MsgType.ERROR: {"error": _DICT},
-}
 _BY_VALUE = {m.value: m for m in MsgType}
 
-#: request ids: printable, no path separators, bounded. Ids are never turned
-#: into paths, but they end up in logs, events and HTML.
-ID_RE = re.compile(r"[A-Za-z0-9_.:#@+=-]{0,128}")
-#: element names (they end up in HTML, Prometheus labels and file names)
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-def valid_id(id_: object) -> bool:
-    return type(id_) is str and ID_RE.fullmatch(id_) is not None and id_ not in (".", "..")
-
-
-def valid_name(name: object) -> bool:
-    return type(name) is str and NAME_RE.fullmatch(name) is not None
+#: every field of every type: ``(name, required, check, what)`` (see gridrpc.core.fields)
+FIELDS: dict[MsgType, tuple] = {mt: _fields.BY_TYPE[mt.value] for mt in MsgType}
+_CHECKS = {mt: tuple((f, check, required) for f, required, check, _ in specs) for mt, specs in FIELDS.items()}
+_WHAT = {(mt, f): what for mt, specs in FIELDS.items() for f, _, _, what in specs}
+if set(_fields.BY_TYPE) != set(_BY_VALUE):           # pragma: no cover - caught by any import
+    raise ImportError("a message type without its field table")
 
 
 def make(type_: MsgType, id_: str, **fields: Any) -> dict:
@@ -98,7 +78,8 @@ def dumps(header: dict) -> bytes:
 
 
 def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
-    """Decode and validate a header frame. Raises ProtocolError with a reason."""
+    """Decode and validate a header frame. Raises ProtocolError with a reason
+    (naming the field at fault); never anything else."""
     try:
         h = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -107,23 +88,24 @@ def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
         raise ProtocolError("header must be a JSON object")
     v = h.get("v")
     if type(v) is not int or v != PROTOCOL_VERSION:       # true == 1 in Python, not on the wire
-        raise ProtocolError(f"unsupported protocol version {v!r} (this peer speaks {PROTOCOL_VERSION})")
+        raise ProtocolError(f"unsupported protocol version {v!r:.40} (this peer speaks {PROTOCOL_VERSION})")
     t = h.get("type")
     mt = _BY_VALUE.get(t) if type(t) is str else None     # a list or object is unhashable
     if mt is None:
-        raise ProtocolError(f"unknown message type {h.get('type')!r}")
+        raise ProtocolError(f"unknown message type {t!r:.60}")
     if type(h.get("id")) is not str:
         raise ProtocolError(f"{mt.value}: field 'id' must be a string")
     if not valid_id(h["id"]):
         raise ProtocolError(f"{mt.value}: field 'id' must be at most 128 characters of "
                             "letters, digits and _.:#@+=- (and not '.' or '..')")
-    for field, ftype in SCHEMA[mt].items():
-        val = h.get(field)
-        if ftype is _ANY:
-            continue
-        if val is None or not isinstance(val, ftype) or (ftype is _INT and isinstance(val, bool)):
-            raise ProtocolError(f"{mt.value}: field {field!r} missing or not of type "
-                                f"{getattr(ftype, '__name__', ftype)}")
+    get = h.get
+    for field, check, required in _CHECKS[mt]:
+        val = get(field)
+        if val is None:
+            if required:
+                raise ProtocolError(f"{mt.value}: field {field!r} is required ({_WHAT[mt, field]})")
+        elif not check(val):
+            raise ProtocolError(f"{mt.value}: field {field!r} must be {_WHAT[mt, field]}")
     return mt, h
 
 
@@ -132,7 +114,8 @@ def parse_routed(frames: list) -> tuple[list, MsgType, dict, list]:
     Raises ProtocolError (the caller answers it) when malformed."""
     if len(frames) < 2:
         raise ProtocolError("empty message: a header frame is required")
-    mt, h = parse_header(frames[1].bytes if hasattr(frames[1], "bytes") else frames[1])
+    f = frames[1]
+    mt, h = parse_header(f.bytes if hasattr(f, "bytes") else f)
     return frames[:1], mt, h, frames[2:]
 
 

@@ -9,7 +9,8 @@ to the parent), and which children missed their heartbeats.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from .aggregators import AGGREGATORS, check_spec
 
@@ -39,22 +40,22 @@ class ChildRegistry:
         self.owner = owner
         self.children: dict[str, Child] = {}
         self.version = 0              # bumped on every change of the subtree's shape or services
-        self._by_service: dict[str, list[str]] | None = None
-        self._services: dict[str, dict] | None = None
+        self._by_service: dict[str, tuple[str, ...]] | None = None
+        self._services: Mapping[str, Mapping] | None = None
 
     # -- inputs -----------------------------------------------------------
     def register(self, route: bytes, header: dict, now: float) -> None:
         name = header["name"]
         services = {}
-        for s in header.get("services", []):
+        for s in header.get("services") or ():
             if isinstance(s, dict) and isinstance(s.get("name"), str):
-                services[s["name"]] = {"doc": s.get("doc", ""), "params": s.get("params", [])}
+                services[s["name"]] = {"doc": s.get("doc") or "", "params": s.get("params") or []}
                 if s.get("aggregator") is not None and _known_aggregator(s["aggregator"]):
                     services[s["name"]]["aggregator"] = s["aggregator"]
             elif isinstance(s, str):
                 services[s] = {"doc": "", "params": []}
         info = {k: header.get(k) for k in ("kind", "address", "host", "pid", "started")}
-        elements = [e for e in header.get("elements", []) if isinstance(e, dict)]
+        elements = [e for e in header.get("elements") or () if isinstance(e, dict)]
         old = self.children.get(name)
         self.children[name] = Child(name=name, route=route, info=info, services=services,
                                     elements=elements, last_seen=now,
@@ -94,27 +95,28 @@ class ChildRegistry:
 
     # -- queries ----------------------------------------------------------
     def offering(self, service: str) -> list[str]:
+        """The children offering ``service``, in registration order (a new list)."""
         if self._by_service is None:
             idx: dict[str, list[str]] = {}
             for n, c in self.children.items():
                 for s in c.services:
                     idx.setdefault(s, []).append(n)
-            self._by_service = idx
-        return self._by_service.get(service, [])
+            self._by_service = {s: tuple(ns) for s, ns in idx.items()}
+        return list(self._by_service.get(service, ()))
 
-    def services(self) -> dict[str, dict]:
-        """Union of the children's services (cached until the subtree changes;
-        do not modify the result)."""
-        if self._services is not None:
-            return self._services
-        out: dict[str, dict] = {}
-        for c in self.children.values():
-            for s, meta in c.services.items():
-                entry = out.setdefault(s, dict(meta))
-                if "aggregator" in meta and "aggregator" not in entry:   # any declaring child wins
-                    entry["aggregator"] = meta["aggregator"]
-        self._services = out
-        return out
+    def services(self) -> Mapping[str, Mapping]:
+        """Union of the children's services: ``name -> {doc, params[, aggregator]}``,
+        the first registered child's metadata first. Read-only (the result is
+        cached until the subtree changes and shared by every caller)."""
+        if self._services is None:
+            out: dict[str, dict] = {}
+            for c in self.children.values():
+                for s, meta in c.services.items():
+                    entry = out.setdefault(s, dict(meta))
+                    if "aggregator" in meta and "aggregator" not in entry:   # any declaring child wins
+                        entry["aggregator"] = meta["aggregator"]
+            self._services = MappingProxyType({s: MappingProxyType(e) for s, e in out.items()})
+        return self._services
 
     def catalogue(self) -> dict[str, dict]:
         """service -> {doc, params, servers: [SeD names]} over the whole subtree."""
@@ -148,5 +150,6 @@ class ChildRegistry:
 
 
 def _shape(elements: list[dict]) -> Any:
-    return sorted((str(e.get("name")), str(e.get("parent")), tuple(e.get("services") or ()))
+    return sorted((str(e.get("name")), str(e.get("parent")),
+                   tuple(map(str, e["services"])) if isinstance(e.get("services"), list) else ())
                   for e in elements)

@@ -1,2 +1,2 @@
 """The Local Agent: an inner node of the tree (forwards discoveries, aggregates answers)."""
-from .agent import Agent, LocalAgent  # noqa: F401
+from .agent import LocalAgent  # noqa: F401

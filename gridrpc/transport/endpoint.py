@@ -120,7 +120,8 @@ class Endpoint:
 
     def __init__(self, name: str, address: str, handlers: Mapping[MsgType, Handler], *,
                  what: str = "", bad_input_log: RateLimitedLog | None = None,
-                 socket_options: Mapping[int, object] | None = None) -> None:
+                 socket_options: Mapping[int, object] | None = None,
+                 on_rejected: Callable[[ProtocolError], None] | None = None) -> None:
         self.name = name
         self.bind_address = address
         self.handlers: dict[MsgType, Handler] = dict(handlers)
@@ -128,6 +129,7 @@ class Endpoint:
         self.socket_options = dict(socket_options or {})
         self.stats = EndpointStats()
         self.bad_log = bad_input_log or RateLimitedLog(log)
+        self.on_rejected = on_rejected        # told of every message refused at the boundary
         self.address: str | None = None
         self.channel: Channel | None = None
 
@@ -183,6 +185,8 @@ class Endpoint:
             self.stats.bad_messages += 1
             self.bad_log(logging.WARNING, "%s: rejected message: %s", self.name, exc)
             self.send(frames[:1], m.error_header(_safe_id(frames), "protocol", str(exc)))
+            if self.on_rejected is not None:
+                self.on_rejected(exc)
             return
         self.dispatch(Incoming(route=route, type=mt, header=h, buffers=buffers, frames=frames,
                                received=time.monotonic()))

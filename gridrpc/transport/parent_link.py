@@ -7,6 +7,12 @@ HEARTBEAT; a parent that does not know it (restarted MA) answers
 the timeout is *lost*: the socket is re-created (fresh TCP connection, useful
 after partitions) and registration starts over. Optionally, a child whose
 parent stays lost past ``orphan_timeout`` asks its owner to exit.
+
+A child that gets no answer at all (a wrong ``--parent``, a parent not started
+yet) says so at WARNING, "waiting for parent at ADDRESS", once ``warn_after``
+seconds passed without an answer and again every ``warn_every`` seconds; a
+parent that refuses the registration (an ERROR reply) is logged at WARNING
+with its reason (rate-limited the same way).
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ class ParentLink:
     def __init__(self, *, name: str, parent: str, register_info: Callable[[], dict],
                  heartbeat_info: Callable[[], dict], on_message: Callable[[MsgType, dict, list], None],
                  hb_interval: float = 1.0, hb_timeout: float = 3.0,
-                 orphan_timeout: float | None = None, on_orphaned: Callable[[], None] | None = None) -> None:
+                 orphan_timeout: float | None = None, on_orphaned: Callable[[], None] | None = None,
+                 warn_after: float = 5.0, warn_every: float = 30.0) -> None:
         self.name = name
         self.parent = parent
         self.register_info = register_info
@@ -36,12 +43,16 @@ class ParentLink:
         self.hb_timeout = hb_timeout
         self.orphan_timeout = orphan_timeout
         self.on_orphaned = on_orphaned
+        self.warn_after = warn_after
+        self.warn_every = warn_every
         self.attached = False
         self.last_ack = time.monotonic()
         self.lost_since: float | None = time.monotonic()
         self.channel: Channel | None = None
         self._task: asyncio.Task | None = None
         self._seq = 0
+        self._next_warning: float | None = None     # when "waiting for parent" is due again
+        self._next_refusal_log = 0.0
         self.attach_event = asyncio.Event()
 
     def start(self) -> None:
@@ -89,7 +100,14 @@ class ParentLink:
                 log.info("%s: attached to parent %s", self.name, self.parent)
             self.attached = True
             self.lost_since = None
+            self._next_warning = None
             self.attach_event.set()
+            return
+        if mt is MsgType.ERROR and not self.attached:
+            if now >= self._next_refusal_log:
+                self._next_refusal_log = now + self.warn_every
+                log.warning("%s: parent at %s refused us: %s", self.name, self.parent,
+                            h["error"].get("message", ""))
             return
         self.on_message(mt, h, frames)
 
@@ -107,10 +125,20 @@ class ParentLink:
             if self.attached:
                 self.send(m.make(MsgType.HEARTBEAT, self._next_id(), name=self.name, **self.heartbeat_info()))
             else:
+                self._warn_waiting(now)
                 self._send_register()
                 if (self.orphan_timeout is not None and self.lost_since is not None
                         and now - self.lost_since > self.orphan_timeout and self.on_orphaned):
                     self.on_orphaned()
+
+    def _warn_waiting(self, now: float) -> None:
+        since = self.lost_since if self.lost_since is not None else now
+        if self._next_warning is None:
+            self._next_warning = since + self.warn_after
+        if now >= self._next_warning:
+            self._next_warning = now + self.warn_every
+            log.warning("%s: waiting for parent at %s (no answer for %.0fs; is the address right?)",
+                        self.name, self.parent, now - since)
 
     async def aclose(self, unregister: bool = True) -> None:
         if self._task:

@@ -1,0 +1,361 @@
+"""The agent state machine (pure): what a Master or Local Agent does.
+
+An agent keeps its children (:class:`~gridrpc.core.tree.ChildRegistry`), the
+catalogue of its subtree and its pending discoveries
+(:class:`~gridrpc.core.discovery.DiscoveryTable`). It changes in one way::
+
+    actions = state.handle(event, now)
+
+``event`` is a validated message from a peer (:class:`Received`), from the
+parent (:class:`FromParent`), a failed send (:class:`SendFailed`), a
+rejected message (:class:`Rejected`) or the passing of time (:class:`Tick`);
+``now`` is the caller's clock in seconds (monotonic, or a simulator's). The
+actions say what to send and what happened: :class:`Send`,
+:class:`SendParent`, :class:`ChildrenUpdated`, :class:`ChildLost`. There is
+no socket, timer or clock here; :meth:`AgentState.next_wakeup` says when the
+caller should deliver the next :class:`Tick`. A runtime
+(:mod:`gridrpc.runtime.agent`) or the simulator drives it.
+
+What differs between the Master Agent and a Local Agent is a *role*
+(:class:`MasterRole`, :class:`LocalRole`), passed in: the MA remembers its
+recent choices, says ``service_not_found`` when nothing in the tree offers
+a service and ``no_server`` when nobody answered.
+
+Discovery: the request fans out to the children offering the service; SeD
+replicas of one process (same address and pid) get one message naming them
+all (``names``) and answer it once. Children get 80 % of the asker's budget
+minus 2 ms (at least 5 ms), so the agent's own answer leaves before its
+asker's deadline; a budget is clamped to 10 ms .. 60 s. When every child
+answered, or at the deadline, or when the last silent child is lost, the
+aggregator ranks the union and the best ``k`` go back.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from . import messages as m
+from .agent_events import (ChildLost, ChildrenUpdated, FromParent, Received, Rejected, Send, SendFailed,
+                           SendParent, Tick)
+from .agent_roles import (CHILD_MARGIN_MS, CHILD_SHARE, MAX_BUDGET_S, MIN_BUDGET_S, MIN_CHILD_BUDGET_MS,
+                          LocalRole, MasterRole, Role, child_budget_ms, discovery_budget)
+from .aggregators import make_aggregator
+from .discovery import DiscoveryTable, Done
+from .fields import MAX_K
+from .messages import MsgType
+from .tree import ChildRegistry
+
+log = logging.getLogger(__name__)
+
+
+def group_by_process(registry: ChildRegistry, names: list[str]) -> list[list[str]]:
+    """SeD replicas of one process (same address and pid) form one group:
+    one discovery message naming them all, one answer."""
+    groups: dict[tuple, list[str]] = {}
+    children = registry.children
+    for n in names:
+        info = children[n].info
+        key = (info.get("address"), info.get("pid")) if info.get("kind") == "sed" else (n,)
+        groups.setdefault(key, []).append(n)
+    return list(groups.values())
+
+
+# -- the state ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    name: str
+    parent: str | None = None       # the parent's address (None: the root, or a detached agent)
+    hb_interval: float = 1.0        # children's heartbeat period: shown "lost" after 2.5 of them
+    hb_timeout: float = 3.0         # a child silent this long is dropped
+    discovery_budget: float = 2.0   # seconds, when a request gives none
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatistics:
+    name: str
+    kind: str
+    children: int
+    pending_discoveries: int
+    discoveries: int                # DISCOVER requests handled (from clients or the parent)
+    discoveries_timed_out: int      # answered at the deadline, some children silent
+    bad_messages: int               # refused at the boundary
+    answers_ignored: int            # late, duplicate or stranger SERVERS
+    children_lost: int
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+@dataclass(slots=True)
+class _Counters:
+    discoveries: int = 0
+    discoveries_timed_out: int = 0
+    bad_messages: int = 0
+    answers_ignored: int = 0
+    children_lost: int = 0
+
+
+class AgentState:
+    """One agent's state. ``info``: its own element info (kind, address,
+    host, pid, started), shown in the tree and sent to the parent; the
+    runtime fills it once bound."""
+
+    def __init__(self, config: AgentConfig, role: Role, rng: random.Random,
+                 info: dict | None = None) -> None:
+        self.config = config
+        self.role = role
+        self.name = config.name
+        self.registry = ChildRegistry(config.name)
+        self.discoveries = DiscoveryTable(rng, remember=role.remember_choices)
+        self.info: dict = {"kind": role.kind, **(info or {})}
+        self.counters = _Counters()
+        self.wall_offset = 0.0          # wall clock minus ``now`` (display only)
+        self._seq = 0
+        self._reported_version = -1     # registry version the parent last heard
+        self._next_sweep = 0.0
+        self._sweep_interval = config.hb_interval / 2
+        self._lost_after = config.hb_interval * 2.5
+        self._on_peer = {
+            MsgType.DISCOVER: self._on_discover, MsgType.SERVERS: self._on_servers,
+            MsgType.HEARTBEAT: self._on_heartbeat, MsgType.REGISTER: self._on_register,
+            MsgType.UNREGISTER: self._on_unregister, MsgType.SERVICES: self._on_services,
+            MsgType.PING: self._on_ping, MsgType.ERROR: self._on_error,
+        }
+
+    #: message types the agent handles on its endpoint (others get an error reply)
+    HANDLED = (MsgType.DISCOVER, MsgType.SERVERS, MsgType.HEARTBEAT, MsgType.REGISTER,
+               MsgType.UNREGISTER, MsgType.SERVICES, MsgType.PING, MsgType.ERROR)
+
+    # -- the one way in ------------------------------------------------------
+    def handle(self, event: object, now: float) -> list:
+        t = type(event)
+        if t is Received:
+            handler = self._on_peer.get(event.type)
+            if handler is None:
+                h = event.header
+                return [Send(event.peer, m.error_header(
+                    h.get("id", ""), "protocol", f"agent {self.name} does not handle {event.type.value!r}"))]
+            return handler(event.peer, event.header, now)
+        if t is Tick:
+            return self._tick(event, now)
+        if t is FromParent:
+            return self._from_parent(event, now)
+        if t is SendFailed:
+            return self._send_failed(event.send, now)
+        if t is Rejected:
+            self.counters.bad_messages += 1
+            return []
+        raise TypeError(f"not an agent event: {event!r}")
+
+    def next_wakeup(self) -> float | None:
+        """When the next :class:`Tick` is due (None: nothing to wait for)."""
+        d = self.discoveries.next_deadline()
+        if self.registry.children and (d is None or self._next_sweep < d):
+            return self._next_sweep
+        return d
+
+    # -- children --------------------------------------------------------------
+    def _on_register(self, peer: bytes, h: dict, now: float) -> list:
+        self.registry.register(peer, h, now)
+        if self._next_sweep <= now:
+            self._next_sweep = now + self._sweep_interval
+        return [Send(peer, m.make(MsgType.REGISTERED, h["id"])), self._updated()]
+
+    def _on_heartbeat(self, peer: bytes, h: dict, now: float) -> list:
+        known = self.registry.heartbeat(peer, h, now)
+        out = [Send(peer, m.make(MsgType.HEARTBEAT_ACK, h["id"], known=known))]
+        if known:
+            out.append(self._updated())
+        return out
+
+    def _on_unregister(self, peer: bytes, h: dict, now: float) -> list:
+        child = self.registry.children.get(h["name"])
+        if child is None or child.route != peer:       # a child unregisters only itself
+            return []
+        self.registry.remove(h["name"])
+        return self._lost(h["name"], "left", now)
+
+    def _updated(self) -> ChildrenUpdated:
+        v = self.registry.version
+        if v == self._reported_version or self.role.root or self.config.parent is None:
+            return ChildrenUpdated(reregister=False)
+        self._reported_version = v
+        return ChildrenUpdated(reregister=True)
+
+    def _lost(self, name: str, reason: str, now: float) -> list:
+        self.counters.children_lost += 1
+        if reason == "silent":
+            log.warning("%s: child %s missed its heartbeats: dropped", self.name, name)
+        else:
+            log.info("%s: child %s left", self.name, name)
+        out: list = [ChildLost(name, reason)]
+        for done in self.discoveries.child_lost(name, now):
+            out.extend(self._finish(done))
+        out.append(self._updated())
+        return out
+
+    # -- time ----------------------------------------------------------------------
+    def _tick(self, ev: Tick, now: float) -> list:
+        if ev.wall is not None:
+            self.wall_offset = ev.wall - now
+        out: list = []
+        for done in self.discoveries.expire(now):
+            out.extend(self._finish(done))
+        if now >= self._next_sweep:
+            self._next_sweep = now + self._sweep_interval
+            for name in self.registry.expire(now, self.config.hb_timeout):
+                out.extend(self._lost(name, "silent", now))
+        return out
+
+    # -- discovery -------------------------------------------------------------------
+    def _on_discover(self, peer: bytes, h: dict, now: float) -> list:
+        return self._discover(h, ("peer", peer), now)
+
+    def _from_parent(self, ev: FromParent, now: float) -> list:
+        if ev.type is MsgType.DISCOVER:
+            return self._discover(ev.header, ("parent",), now)
+        if ev.type is MsgType.PING:
+            return [SendParent(m.make(MsgType.PONG, ev.header["id"], name=self.name))]
+        return []
+
+    def _discover(self, h: dict, reply_to: tuple, now: float) -> list:
+        self.counters.discoveries += 1
+        rid, service = h["id"], h["service"]
+        k = max(0, min(h["k"], MAX_K))
+        spec = h.get("aggregator")
+        if spec is None:            # the service's own default, else DIET's default
+            meta = self.registry.services().get(service)
+            if meta is not None:
+                spec = meta.get("aggregator")
+        try:
+            agg = make_aggregator(spec)
+        except ValueError as exc:
+            return [self._to(reply_to, m.error_header(rid, "invalid_argument", str(exc)))]
+        children = self.registry.offering(service)
+        if not children:
+            err = self.role.no_offer(rid, service)
+            if err is not None:
+                return [self._to(reply_to, err)]
+        budget = discovery_budget(h.get("budget_ms"), self.config.discovery_budget)
+        self._seq += 1
+        fid = f"{self.name}:{self._seq}"
+        fwd = dict(h, id=fid, budget_ms=child_budget_ms(budget), k=k)
+        if spec is not None:
+            fwd["aggregator"] = spec
+        fwd.pop("names", None)      # ours to set, per process
+        out: list = []
+        registry_children = self.registry.children
+        for group in group_by_process(self.registry, children):
+            msg = dict(fwd, names=group) if len(group) > 1 else fwd
+            out.append(Send(registry_children[group[0]].route, msg, tuple(group)))
+        done = self.discoveries.start(fid, (reply_to, rid, service, k), children, k, agg, now + budget, now)
+        if done is not None:
+            out.extend(self._finish(done))
+        return out
+
+    def _on_servers(self, peer: bytes, h: dict, now: float) -> list:
+        name = h.get("name") or ""
+        child = self.registry.children.get(name)
+        if child is None or child.route != peer:        # only the asked child answers for itself
+            self.counters.answers_ignored += 1
+            return []
+        done = self.discoveries.answer(h["id"], name, h["servers"], now, h.get("names"))
+        if done is None:
+            if h["id"] not in self.discoveries.pending:
+                self.counters.answers_ignored += 1
+            return []
+        return self._finish(done)
+
+    def _on_error(self, peer: bytes, h: dict, now: float) -> list:
+        """A child could not answer a discovery (e.g. an aggregator it does
+        not have): an empty answer, so the discovery need not wait for it."""
+        name = h.get("name") or ""
+        child = self.registry.children.get(name)
+        if child is None or child.route != peer or h["id"] not in self.discoveries.pending:
+            return []                                   # never answer an error with an error
+        log.info("%s: child %s could not answer discovery %s: %s", self.name, name, h["id"],
+                 h["error"].get("message", ""))
+        done = self.discoveries.answer(h["id"], name, [], now)
+        return self._finish(done) if done is not None else []
+
+    def _send_failed(self, send: Send, now: float) -> list:
+        if not send.children:
+            return []
+        done = self.discoveries.drop(send.header.get("id", ""), list(send.children), now)
+        return self._finish(done) if done is not None else []
+
+    def _finish(self, done: Done) -> list:
+        reply_to, rid, service, k = done.reply_to
+        if done.timed_out:
+            self.counters.discoveries_timed_out += 1
+            log.info("%s: discovery %s for %s: no answer in time from %s", self.name, rid, service,
+                     ", ".join(done.timed_out))
+        header = self.role.finished(rid, service, k, done)
+        if header is None:
+            header = m.make(MsgType.SERVERS, rid, name=self.name, servers=done.servers,
+                            answered=done.answered, timed_out=done.timed_out)
+        return [self._to(reply_to, header)]
+
+    def _to(self, reply_to: tuple, header: dict):
+        if reply_to[0] == "peer":
+            return Send(reply_to[1], header)
+        header.setdefault("name", self.name)
+        return SendParent(header)
+
+    # -- catalogue, tree, statistics ----------------------------------------------------
+    def _on_services(self, peer: bytes, h: dict, now: float) -> list:
+        elements = self.elements(now)
+        servers = {e["name"]: e.get("address") for e in elements if e.get("kind") == "sed"}
+        extra = {"elements": self.tree(now)} if h.get("tree") else {}
+        return [Send(peer, m.make(MsgType.CATALOGUE, h["id"], services=self.registry.catalogue(),
+                                  servers=servers, **extra))]
+
+    def _on_ping(self, peer: bytes, h: dict, now: float) -> list:
+        return [Send(peer, m.make(MsgType.PONG, h["id"], name=self.name))]
+
+    def service_list(self) -> list[dict]:
+        """The services of the subtree, as sent to the parent."""
+        return [{"name": s, **meta} for s, meta in self.registry.services().items()]
+
+    def elements(self, now: float, wall: float | None = None) -> list[dict]:
+        """The subtree, flattened (children, then their descendants), each
+        with ``last_heartbeat`` in wall-clock time; a child silent for 2.5
+        heartbeat periods shows ``lost`` until it is dropped."""
+        offset = self.wall_offset if wall is None else wall - now
+        out = []
+        for e in self.registry.elements(now, lost_after=self._lost_after):
+            if "last_seen" in e:
+                e = dict(e)
+                e["last_heartbeat"] = e.pop("last_seen") + offset
+            out.append(e)
+        return out
+
+    def tree(self, now: float, wall: float | None = None, load: dict | None = None) -> list[dict]:
+        """This agent and its whole subtree, as ``/api/tree`` shows it."""
+        offset = self.wall_offset if wall is None else wall - now
+        me = {"name": self.name, "parent": None if self.role.root else self.config.parent,
+              **self.info, "services": [], "state": "alive", "last_heartbeat": now + offset,
+              "load": load if load is not None else self.statistics().as_dict()}
+        return [me] + [dict(e, state=e.get("state", "alive")) for e in self.elements(now, wall)]
+
+    def register_info(self, now: float, wall: float | None = None) -> dict:
+        """What the parent link sends in REGISTER."""
+        return {**self.info, "services": self.service_list(), "elements": self.elements(now, wall)}
+
+    def heartbeat_info(self, now: float, wall: float | None = None) -> dict:
+        return {"load": {"children": len(self.registry.children)}, "elements": self.elements(now, wall)}
+
+    def statistics(self) -> AgentStatistics:
+        c = self.counters
+        return AgentStatistics(
+            name=self.name, kind=self.role.kind, children=len(self.registry.children),
+            pending_discoveries=len(self.discoveries.pending), discoveries=c.discoveries,
+            discoveries_timed_out=c.discoveries_timed_out, bad_messages=c.bad_messages,
+            answers_ignored=c.answers_ignored, children_lost=c.children_lost)
+
+
+__all__ = ["CHILD_MARGIN_MS", "CHILD_SHARE", "MAX_BUDGET_S", "MIN_BUDGET_S", "MIN_CHILD_BUDGET_MS", "Done",
+           "AgentConfig", "AgentState", "AgentStatistics", "ChildLost", "ChildrenUpdated", "FromParent",
+           "LocalRole", "MasterRole", "Received", "Rejected", "Role", "Send", "SendFailed", "SendParent",
+           "Tick", "child_budget_ms", "discovery_budget", "group_by_process"]

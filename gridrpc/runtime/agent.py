@@ -1,0 +1,197 @@
+"""The agent runtime: the pure :class:`~gridrpc.core.agent.AgentState` on
+real sockets and timers.
+
+It binds an :class:`~gridrpc.transport.endpoint.Endpoint` for children and
+clients (messages are parsed and validated there; bad ones answered there),
+attaches to a parent through a
+:class:`~gridrpc.transport.parent_link.ParentLink` when it has one, feeds
+every message and the passing of time to the state machine, and carries out
+the actions it returns. One timer: the state says when it next needs a
+:class:`~gridrpc.core.agent.Tick` (a discovery deadline, the next sweep of
+silent children).
+
+What kind of agent it is comes from the role (:class:`MasterRole`,
+:class:`LocalRole`); :mod:`gridrpc.master_agent` and
+:mod:`gridrpc.local_agent` are thin programs over this class. Subclasses may
+override the hooks :meth:`on_children_updated` and :meth:`on_child_lost`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+from typing import Mapping
+
+from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
+                          Received, Rejected, Role, Send, SendFailed, SendParent, Tick, group_by_process)
+from ..core.messages import MsgType
+from ..transport.channel import host_of
+from ..transport.endpoint import Endpoint, Incoming
+from ..transport.parent_link import ParentLink
+
+log = logging.getLogger(__name__)
+
+
+class AgentRuntime:
+    def __init__(self, *, name: str, address: str = "tcp://127.0.0.1:0", parent: str | None = None,
+                 role: Role | None = None, hb_interval: float = 1.0, hb_timeout: float = 3.0,
+                 discovery_budget: float = 2.0, orphan_timeout: float | None = None,
+                 seed: int | None = None, socket_options: Mapping[int, object] | None = None) -> None:
+        self.name = name
+        self.bind_address = address
+        self.parent = parent
+        self.hb_interval = hb_interval
+        self.hb_timeout = hb_timeout
+        self.discovery_budget = discovery_budget
+        self.orphan_timeout = orphan_timeout
+        self.state = AgentState(
+            AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
+                        discovery_budget=discovery_budget),
+            role or LocalRole(), random.Random(seed))
+        handle = self._on_message
+        self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},
+                                 what=f"agent {name}", socket_options=socket_options,
+                                 on_rejected=self._on_rejected)
+        self.address: str | None = None
+        self.link: ParentLink | None = None
+        self.started = time.time()
+        self.closed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._orphan_exit = False
+        self._closing = False
+
+    # -- what the dashboard, the tests and the tools read ----------------------------
+    @property
+    def kind(self) -> str:
+        return self.state.role.kind
+
+    @property
+    def registry(self):
+        return self.state.registry
+
+    @property
+    def discoveries(self):
+        return self.state.discoveries
+
+    def statistics(self) -> dict:
+        """A snapshot: counters of the state machine and of the endpoint."""
+        return self.state.statistics().as_dict()
+
+    @property
+    def stats(self) -> dict:
+        return self.statistics()
+
+    def tree(self) -> list[dict]:
+        """This agent and its whole subtree, as /api/tree shows it."""
+        return self.state.tree(time.monotonic(), time.time(), load=self.statistics())
+
+    def _by_process(self, names: list[str]) -> list[list[str]]:
+        """SeD replicas of one process, grouped as one discovery message asks them."""
+        return group_by_process(self.state.registry, names)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> "AgentRuntime":
+        self._loop = asyncio.get_running_loop()
+        self.endpoint.start()
+        self.address = self.endpoint.address
+        self.state.info.update(kind=self.kind, address=self.address,
+                               host=host_of(self.address or "") or socket.gethostname(),
+                               pid=os.getpid(), started=self.started)
+        if self.parent and not self.state.role.root:
+            self.link = ParentLink(name=self.name, parent=self.parent, register_info=self._register_info,
+                                   heartbeat_info=self._heartbeat_info, on_message=self._on_parent,
+                                   hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
+                                   orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned)
+            self.link.start()
+        self._tick()
+        log.info("%s (%s) listening on %s%s", self.name, self.kind, self.address,
+                 f", parent {self.parent}" if self.parent else "")
+        return self
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.link:
+            await self.link.aclose()
+        self.endpoint.close()
+        self.closed.set()
+
+    def _orphaned(self) -> None:
+        if self._orphan_exit:            # called every heartbeat while orphaned: act once
+            return
+        self._orphan_exit = True
+        log.warning("%s: parent gone for more than %gs: exiting", self.name, self.orphan_timeout)
+        asyncio.get_running_loop().create_task(self.aclose())
+
+    # -- the parent link's callbacks -------------------------------------------------------
+    def _register_info(self) -> dict:
+        return self.state.register_info(time.monotonic(), time.time())
+
+    def _heartbeat_info(self) -> dict:
+        return self.state.heartbeat_info(time.monotonic(), time.time())
+
+    def _on_parent(self, mt: MsgType, h: dict, frames: list) -> None:
+        self._run(self.state.handle(FromParent(mt, h), time.monotonic()))
+
+    # -- the endpoint's --------------------------------------------------------------------
+    def _on_message(self, msg: Incoming) -> None:
+        self._run(self.state.handle(Received(msg.peer, msg.type, msg.header), msg.received))
+
+    def _on_rejected(self, exc) -> None:
+        self.state.handle(Rejected(), time.monotonic())
+
+    # -- carrying out actions ----------------------------------------------------------------
+    def _run(self, actions: list) -> None:
+        i = 0
+        while i < len(actions):
+            a = actions[i]
+            i += 1
+            t = type(a)
+            if t is Send:
+                if not self.endpoint.send([a.to], a.header) and a.children:
+                    actions.extend(self.state.handle(SendFailed(a), time.monotonic()))
+            elif t is SendParent:
+                if self.link is not None:
+                    self.link.send(a.header)
+            elif t is ChildrenUpdated:
+                self.on_children_updated(a.reregister)
+            elif t is ChildLost:
+                self.on_child_lost(a.name, a.reason)
+        self._rearm()
+
+    def _rearm(self) -> None:
+        when = self.state.next_wakeup()
+        if (when is None or self._loop is None or self._closing
+                or (self._timer is not None and self._timer_at <= when)):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self._loop.call_at(self._loop.time() + max(0.0, when - time.monotonic()), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._run(self.state.handle(Tick(wall=time.time()), time.monotonic()))
+
+    # -- hooks ------------------------------------------------------------------------------
+    def on_children_updated(self, reregister: bool) -> None:
+        """A child registered, heartbeated or left; ``reregister``: the
+        subtree changed since the parent last heard it."""
+        if reregister and self.link is not None:
+            self.link.update()
+
+    def on_child_lost(self, name: str, reason: str) -> None:
+        """A child left or was dropped for silence (its discoveries were answered)."""

@@ -41,93 +41,18 @@ so a broken image does not create VMs in a tight loop.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
 
-from .provider import price_per_call
+from .placement import Placement
+from .pool_model import (CreateVM, DestroyVM, Dispatch, FailCall,  # noqa: F401 - re-exported
+                         PoolConfig, VMState, _Call)
+from .provider_api import price_per_call
 
 __all__ = ["PoolConfig", "VMPool", "CreateVM", "DestroyVM", "Dispatch", "FailCall", "VMState"]
 
 
-# --------------------------------------------------------------------------- actions
-
-@dataclass(frozen=True, slots=True)
-class CreateVM:
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class DestroyVM:
-    name: str
-    vm_id: str | None
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    call_id: str
-    vm: str
-
-
-@dataclass(frozen=True, slots=True)
-class FailCall:
-    call_id: str
-    message: str
-
-
-# --------------------------------------------------------------------------- state
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolConfig:
-    policy: str = "per-call"            # "per-call" | "pool"
-    min_vms: int = 0
-    max_vms: int = 4
-    vm_slots: int = 1                   # calls at once on one VM
-    idle_timeout: float = 300.0
-    boot_timeout: float = 600.0
-    grow_threshold: float | None = None  # None: the learnt boot time
-    retries: int = 1
-    boot_time: float = 60.0             # prior, replaced by measurements (EWMA)
-    boot_alpha: float = 0.3
-    price_per_hour: float = 0.0
-    billing_granularity: float = 1.0
-    billing_minimum: float = 60.0
-    create_backoff: float = 5.0
-    create_backoff_max: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("per-call", "pool"):
-            raise ValueError(f"unknown cloud policy {self.policy!r}")
-        if self.max_vms < 1 or not 0 <= self.min_vms <= self.max_vms or self.vm_slots < 1:
-            raise ValueError("need 0 <= min_vms <= max_vms, max_vms >= 1, vm_slots >= 1")
-
-
-@dataclass(slots=True)
-class VMState:
-    name: str
-    requested: float                    # when CreateVM was emitted (or adoption began)
-    id: str | None = None
-    state: str = "creating"             # creating | booting | ready | doomed
-    address: str | None = None
-    ready_at: float | None = None
-    idle_since: float = 0.0
-    calls: set = field(default_factory=set)
-    served: int = 0
-    claim: str | None = None            # the waiting call this VM was started for
-    adopted: bool = False
-
-
-@dataclass(slots=True)
-class _Call:
-    id: str
-    tcomp: float
-    submitted: float
-    attempts: int = 0                   # VM failures charged to this call
-    vm: str | None = None
-    dispatched_at: float | None = None
-
-
-class VMPool:
-    """The state machine; see the module docstring."""
+class VMPool(Placement):
+    """The state machine; see the module docstring. Where calls go and when
+    the pool grows is :class:`~gridrpc.sed.cloud.placement.Placement`."""
 
     def __init__(self, config: PoolConfig, *, name_prefix: str = "vm-") -> None:
         self.config = config
@@ -173,9 +98,7 @@ class VMPool:
         actions: list = []
         if call_id in self.pending:
             self.pending.remove(call_id)
-        for vm in self.vms.values():
-            if vm.claim == call_id:
-                vm.claim = None
+        self._unclaim(call_id)
         if c.vm is not None and c.vm in self.vms:
             actions += self._release(self.vms[c.vm], call_id, now, "call cancelled")
         return actions + self._schedule(now)
@@ -382,6 +305,12 @@ class VMPool:
         self.stats["destroyed"] += 1
         return [DestroyVM(vm.name, vm.id, reason)]
 
+    def _unclaim(self, call_id: str) -> None:
+        """No VM is on its way for ``call_id`` any more."""
+        for vm in self.vms.values():
+            if vm.claim == call_id:
+                vm.claim = None
+
     def _release(self, vm: VMState, call_id: str, now: float, reason: str) -> list:
         vm.calls.discard(call_id)
         if self.config.policy == "per-call":
@@ -397,9 +326,7 @@ class VMPool:
         if c is None:
             return []
         c.attempts += 1
-        for vm in self.vms.values():
-            if vm.claim == call_id:
-                vm.claim = None
+        self._unclaim(call_id)
         if fatal or c.attempts > self.config.retries:
             self.calls.pop(call_id, None)
             if call_id in self.pending:
@@ -416,122 +343,3 @@ class VMPool:
 
     def _can_create(self, now: float) -> bool:
         return self._alive_count() < self.config.max_vms and now >= self._no_create_before
-
-    def _schedule(self, now: float) -> list:
-        if self.config.policy == "per-call":
-            return self._schedule_per_call(now)
-        return self._schedule_pool(now)
-
-    def _dispatch(self, call_id: str, vm: VMState, now: float) -> Dispatch:
-        c = self.calls[call_id]
-        self.pending.remove(call_id)
-        c.vm, c.dispatched_at = vm.name, now
-        vm.calls.add(call_id)
-        for other in self.vms.values():
-            if other.claim == call_id:
-                other.claim = None
-        if vm.claim == call_id:
-            vm.claim = None
-        self.stats["dispatched"] += 1
-        return Dispatch(call_id, vm.name)
-
-    def _schedule_per_call(self, now: float) -> list:
-        actions: list = []
-        # fresh VMs only: ready, never used, not running anything
-        for vm in self.vms.values():
-            if not self.pending:
-                break
-            if vm.state == "ready" and not vm.calls and vm.served == 0:
-                target = vm.claim if vm.claim in self.pending else self.pending[0]
-                actions.append(self._dispatch(target, vm, now))
-        # every waiting call without a VM on the way claims one (a free one, or a new one)
-        claimed = {vm.claim for vm in self.vms.values() if vm.claim is not None}
-        for cid in list(self.pending):
-            if cid in claimed:
-                continue
-            free = next((vm for vm in self.vms.values()
-                         if vm.state in ("creating", "booting") and vm.claim is None), None)
-            if free is not None:
-                free.claim = cid
-            elif self._can_create(now):
-                actions += self._create(now, cid)
-            else:
-                break
-        # VMs booting for nobody (their call was cancelled or went elsewhere)
-        if not self.pending:
-            for vm in list(self.vms.values()):
-                if vm.state in ("creating", "booting", "ready") and vm.claim is None and not vm.calls:
-                    actions += self._destroy(vm, "its call no longer needs it")
-        return actions
-
-    def _schedule_pool(self, now: float) -> list:
-        actions: list = []
-        slots = self.config.vm_slots
-        while self.pending:
-            ready = [vm for vm in self.vms.values() if vm.state == "ready" and len(vm.calls) < slots]
-            if not ready:
-                break
-            vm = min(ready, key=lambda v: (len(v.calls), v.idle_since, v.name))
-            head = self.pending[0]
-            actions.append(self._dispatch(head, vm, now))
-        while self._alive_count() < self.config.min_vms and self._can_create(now):
-            actions += self._create(now, None)
-        # grow while a waiting call would wait longer than the threshold
-        threshold = self.config.grow_threshold
-        threshold = self.boot_time if threshold is None else threshold
-        while self.pending and self._can_create(now):
-            queue = [self.calls[c].tcomp for c in self.pending]
-            starts = self._simulate(now, queue, with_room=False)
-            # a call waits too long, and a VM booted now would serve it sooner
-            late = next((i for i, s in enumerate(starts)
-                         if s - now > threshold + 1e-9 and s > now + self.boot_time + 1e-9), None)
-            if late is None:
-                break
-            claimed = {vm.claim for vm in self.vms.values()}
-            claim = next((c for c in list(self.pending)[late:] if c not in claimed), None)
-            actions += self._create(now, claim)
-        return actions
-
-    def _simulate(self, now: float, queue: list[float], *, with_room: bool = True) -> list[float]:
-        """Predicted start time of each call in ``queue`` (in order), taking
-        the earliest slot each time. Slots: free ones of ready VMs at ``now``,
-        busy ones when their call is predicted to end, booting VMs' ones when
-        the boot is predicted to end; ``with_room`` (below ``max_vms``): a new
-        VM's slots at ``now + boot_time``. Per-call: a slot serves one call,
-        and a VM whose call ends is replaced by a new boot. No slot at all:
-        infinite waits."""
-        c = self.config
-        per_call = c.policy == "per-call"
-        boot = self.boot_time
-        free: list[float] = []
-        for vm in self.vms.values():
-            if vm.state == "doomed":
-                continue
-            if vm.state == "ready":
-                ends = [max(now, self.calls[x].dispatched_at + self.calls[x].tcomp)
-                        for x in vm.calls if x in self.calls and self.calls[x].dispatched_at is not None]
-                if per_call:
-                    free += [e + boot for e in ends] or ([now] if vm.served == 0 else [])
-                else:
-                    free += ends + [now] * max(0, c.vm_slots - len(ends))
-            else:
-                up = max(now, vm.requested + boot)
-                free += [up] * (1 if per_call else c.vm_slots)
-        room = max(0, c.max_vms - self._alive_count()) if with_room else 0
-        if room:
-            up = max(now + boot, self._no_create_before + boot)
-            free += [up] * (room * (1 if per_call else c.vm_slots))
-        if not free:
-            return [float("inf")] * len(queue)
-        free.sort()
-        starts = []
-        for t in queue:
-            s = free.pop(0)
-            starts.append(s)
-            nxt = s + t + (boot if per_call else 0.0)
-            # keep the list sorted (small lists: insertion is fine)
-            i = 0
-            while i < len(free) and free[i] <= nxt:
-                i += 1
-            free.insert(i, nxt)
-        return starts

@@ -37,9 +37,19 @@ def _ma_option(p: argparse.ArgumentParser) -> None:
                         f"(default: $GRIDRPC_MA, else {DEFAULT_MA})")
 
 
+def _element_name(text: str) -> str:
+    from .core.messages import valid_name
+    if not valid_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a letter or digit, then up to 63 letters, digits, '_', '.', '-' "
+            "(names end up in URLs, HTML and metrics)")
+    return text
+
+
 def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
-    p.add_argument("--name", required=default_port != 5555, default="MA" if default_port == 5555 else None,
-                   help="element name, unique in the tree")
+    p.add_argument("--name", type=_element_name, required=default_port != 5555,
+                   default="MA" if default_port == 5555 else None,
+                   help="element name, unique in the tree (letters, digits, '_', '.', '-')")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=default_port, help=f"port to bind (0 = any free; default {default_port})")
     p.add_argument("--hb-interval", type=float, default=1.0, help="heartbeat interval, s (default 1)")
@@ -86,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default replicas*max-concurrent)")
     p.add_argument("--isolation", choices=["process", "inline"], default="process",
                    help="process: each call in a killable worker process (default); inline: in the SeD")
-    p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024)
+    p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024,
+                   help="largest call accepted, bytes (default 512 MiB)")
+    p.add_argument("--result-cache-bytes", type=int, default=64 * 1024 * 1024,
+                   help="answers kept for repeated request ids, bytes (default 64 MiB)")
     from .sed.cloud.cli import add_cloud_arguments
     add_cloud_arguments(p)
     from .sed.batch.cli import add_batch_arguments
@@ -204,6 +217,7 @@ def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
     d = SeD(a.name, a.parent, address=address, max_concurrent=a.max_concurrent, queue=a.queue,
             replicas=a.replicas, workers=a.workers, isolation=a.isolation,
             max_message_size=a.max_message_size, orphan_timeout=a.orphan_timeout,
+            result_cache_bytes=a.result_cache_bytes,
             queue_options=opts, **hb)
     specs = list(a.service)
     if a.examples:

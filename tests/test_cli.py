@@ -79,3 +79,25 @@ def test_demo_runs_and_exits_zero():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "demo finished" in r.stdout and "cancelled" in r.stdout
     assert "WorkerDied" in r.stdout and "add(20, 22) = 42" in r.stdout
+
+
+def test_element_names_are_checked_at_startup():
+    import subprocess
+    import sys
+    for bad in ("<script>", "a b", "_x", "é"):
+        r = subprocess.run([sys.executable, "-m", "gridrpc", "sed", f"--name={bad}", "--examples"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "letters, digits" in r.stderr, (bad, r.stderr)
+
+
+def test_result_cache_bytes_reaches_the_sed_command():
+    from gridrpc.deploy.runner import Deployment
+    from gridrpc.deploy.spec import parse
+    spec = parse({"master_agent": {"name": "MA"},
+                  "seds": [{"name": "s1", "parent": "MA", "examples": True, "result_cache_bytes": 1000,
+                            "max_message_size": 2048}]})
+    d = Deployment(spec)
+    d.addresses["MA"] = "tcp://127.0.0.1:5555"
+    cmd = d.command(next(e for e in spec.elements if e.name == "s1"))
+    assert cmd[cmd.index("--result-cache-bytes") + 1] == "1000"
+    assert cmd[cmd.index("--max-message-size") + 1] == "2048"

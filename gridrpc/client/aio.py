@@ -142,7 +142,7 @@ class AsyncClient:
         o = self.options
         h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(max_servers), user=self.user,
                    aggregator=aggregator if aggregator is not None else o.aggregator,
-                   budget_ms=o.budget * 1000, optional=optional,
+                   budget_ms=o.budget * 1000, optional=bool(optional),
                    args=[codec.light_description(a) for a in args])
         mt, r = await self._ma_request(h, o.discovery_timeout)
         if mt is MsgType.ERROR:
@@ -186,7 +186,7 @@ class AsyncClient:
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
-        call.optional = optional
+        call.optional = bool(optional)
         return await self._run(call, args, kwargs, server, timeout if timeout is not None else self.timeout,
                                aggregator)
 
@@ -202,7 +202,7 @@ class AsyncClient:
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
-        call.optional = optional
+        call.optional = bool(optional)
         task = self.loop.create_task(self._run(call, args, kwargs, server,
                                                timeout if timeout is not None else self.timeout, aggregator))
         self._tasks.add(task)

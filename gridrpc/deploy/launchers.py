@@ -417,9 +417,14 @@ class LocalLauncher:
         pass
 
 
-# -- ssh -------------------------------------------------------------------------
+# the remote launchers live in their own modules (which import this one);
+# re-exported here lazily, so that any of them can be imported first
+_REMOTE = {"SlurmLauncher": "slurm_launcher", "SSHHostConfig": "ssh", "SSHLauncher": "ssh"}
 
 
-# the remote launchers live in their own modules; re-exported here
-from .slurm_launcher import SlurmLauncher  # noqa: E402,F401
-from .ssh import SSHHostConfig, SSHLauncher  # noqa: E402,F401
+def __getattr__(name: str):
+    mod = _REMOTE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"{__package__}.{mod}"), name)

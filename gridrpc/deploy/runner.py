@@ -170,7 +170,9 @@ class Deployment(StartUp, TearDown, DeploymentState):
                 cmd.append("--examples")
             for key, flag in (("max_concurrent", "--max-concurrent"), ("queue", "--queue"),
                               ("replicas", "--replicas"), ("workers", "--workers"),
-                              ("isolation", "--isolation"), ("kill_grace", "--kill-grace")):
+                              ("isolation", "--isolation"), ("kill_grace", "--kill-grace"),
+                              ("result_cache_bytes", "--result-cache-bytes"),
+                              ("max_message_size", "--max-message-size")):
                 if o.get(key) is not None:
                     cmd += [flag, str(o[key])]
             if o.get("kind") == "cloud":

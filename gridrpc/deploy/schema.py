@@ -36,7 +36,7 @@ MA_KEYS = frozenset({"name", "host", "port", "http_port"})
 LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout"})
 SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
                       "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
-                      "scheduler", "partition", "options"})
+                      "scheduler", "partition", "options", "result_cache_bytes", "max_message_size"})
 HOST_KEYS = frozenset({"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
                        "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
                        "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"})
@@ -305,6 +305,8 @@ class SedModel(_Model):
     workers: PosInt | None = None
     isolation: Literal["process", "inline"] | None = None
     kill_grace: NonNegFloat | None = None
+    result_cache_bytes: NonNegInt | None = None
+    max_message_size: PosInt | None = None
     orphan_timeout: Orphan = None
     args: ArgList | None = None
     scheduler: Text | None = None

@@ -81,7 +81,7 @@ def make_batch_sed(a: argparse.Namespace, address: str, hb: dict):
     if not specs:
         raise ConfigError(f"batch SeD {a.name}: give at least one --service MODULE:FUNC (or --examples)")
     sed = BatchSeD(a.name, a.parent, config=config, address=address, orphan_timeout=a.orphan_timeout,
-                   max_message_size=a.max_message_size, **hb)
+                   max_message_size=a.max_message_size, result_cache_bytes=a.result_cache_bytes, **hb)
     for spec in specs:
         name, _, target = spec.rpartition("=")
         sed.add_service(name or target.rsplit(":", 1)[-1], target)

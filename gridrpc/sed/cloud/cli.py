@@ -83,4 +83,5 @@ def make_cloud_sed(a: argparse.Namespace, address: str, hb: dict):
         log.warning("cloud SeD %s: %s ignored (calls run on the VMs: see max_vms and "
                     "vm_max_concurrent)", a.name, ", ".join(ignored))
     return CloudSeD(a.name, a.parent, config=config, address=address,
-                    orphan_timeout=a.orphan_timeout, max_message_size=a.max_message_size, **hb)
+                    orphan_timeout=a.orphan_timeout, max_message_size=a.max_message_size,
+                    result_cache_bytes=a.result_cache_bytes, **hb)

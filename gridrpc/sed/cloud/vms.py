@@ -5,7 +5,7 @@
    ``pool``);
 2. a VM boots with user data that starts a regular ``gridrpc sed``, whose
    parent is an agent ROUTER this back-end binds for its VMs (a
-   :class:`~gridrpc.local_agent.agent.Agent`); the VM is ready when that SeD
+   :class:`~gridrpc.runtime.agent.AgentRuntime`); the VM is ready when that SeD
    registers, and lost when it misses its heartbeats;
 3. the call is relayed to the VM's SeD unchanged (:mod:`.relay`) and the
    answer relayed back.
@@ -27,7 +27,9 @@ from typing import Any, ClassVar
 from ...core import messages as m
 from ...core.messages import MsgType
 from ...core.sed_calls import CallState
-from ...local_agent.agent import Agent
+from ...core.agent import LocalRole
+from ...client.ids import new_id
+from ...runtime.agent import AgentRuntime
 from ...transport.channel import host_of
 from ..backends import BaseBackend, Outcome
 from .config import CloudConfig, render_user_data, vm_command
@@ -47,19 +49,19 @@ class _CallFailed(Exception):
     """The pool gave up on a call (FailCall)."""
 
 
-class _VMAgent(Agent):
+class _VMAgent(AgentRuntime):
     """The agent the VMs' SeDs register with; tells its owner about them."""
-    kind = "la"
 
     def __init__(self, owner: "CloudVMs", **kw) -> None:
-        super().__init__(**kw)
+        super().__init__(role=LocalRole(), **kw)
         self.owner = owner
 
-    def _subtree_changed(self) -> None:
+    def on_children_updated(self, reregister: bool) -> None:
+        super().on_children_updated(reregister)
         self.owner._vms_changed()
 
-    def _child_lost(self, name: str) -> None:
-        super()._child_lost(name)
+    def on_child_lost(self, name: str, reason: str) -> None:
+        super().on_child_lost(name, reason)
         self.owner._vm_gone(name, "missed its heartbeats or left")
 
 
@@ -375,12 +377,12 @@ class CloudVMs(BaseBackend):
                 self._waiters[cid] = loop.create_future()
                 link = self._links.get(vm_name)
                 attempt += 1
-                rid = f"{cid}.{attempt}"
+                rid = new_id()            # the client's id may be long: ids stay within the wire limit
                 try:
                     if link is None:
                         raise VMFailed(f"VM {vm_name} is gone")
                     current = (link, rid)
-                    log.debug("cloud SeD %s: call %s -> VM %s", self.sed_name, cid, vm_name)
+                    log.debug("cloud SeD %s: call %s -> VM %s as %s", self.sed_name, cid, vm_name, rid)
                     mt, vh, frames = await link.run(rid, forward, buffers)
                     current = None
                 except VMFailed as exc:

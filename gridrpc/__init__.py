@@ -12,7 +12,7 @@ module.
 from .client import AsyncClient, Call, Client, ClientOptions, Handle, ServerInfo, wait
 from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, GridRPCError,
                      InvalidArgument, MessageTooLarge, NoServerAvailable, ProtocolError, RemoteError,
-                     ServiceNotFound, Timeout, WorkerDied)
+                     Refused, ServiceNotFound, Timeout, WorkerDied)
 from .files import File
 from .local_agent import LocalAgent
 from .master_agent import MasterAgent
@@ -29,7 +29,7 @@ __all__ = [
     "MasterAgent", "LocalAgent", "SeD",
     # errors (one root: GridRPCError)
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
-    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument",
+    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
     "RemoteError", "WorkerDied",
     "__version__",
 ]

@@ -65,6 +65,11 @@ class InvalidArgument(GridRPCError, TypeError):
     pass
 
 
+class Refused(GridRPCError):
+    """The request was refused by a rule (authorization, a per-user limit,
+    a name already taken); the message names the rule."""
+
+
 class RemoteError(GridRPCError):
     """The remote service raised. ``remote_type`` is the exception's type name,
     ``remote_traceback`` the formatted traceback text on the server."""
@@ -93,6 +98,7 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "protocol": ProtocolError,
     "too_large": MessageTooLarge,
     "invalid_argument": InvalidArgument,
+    "refused": Refused,
     "communication": CommunicationError,
     "timeout": Timeout,
 }

@@ -56,7 +56,12 @@ class LocalTree:
     def __init__(self, *, las: int = 2, seds_per_la: int = 2, seds_under_ma: int = 0,
                  services: Iterable[str] = tuple(example_services.ALL), http: bool = True,
                  hb_interval: float = 0.5, hb_timeout: float = 1.5, host: str = "127.0.0.1",
-                 sed_options: dict | None = None, replicas: int = 1) -> None:
+                 sed_options: dict | None = None, replicas: int = 1, keys: str | None = None,
+                 users: Iterable[str] = ()) -> None:
+        """``keys``: a key directory: the tree runs CURVE, with element keys
+        created there for every element and user keys for ``users``."""
+        self.keys = keys
+        self.users = list(users)
         self.n_las, self.seds_per_la, self.seds_under_ma = las, seds_per_la, seds_under_ma
         self.services = list(services)
         self.http = http
@@ -80,18 +85,41 @@ class LocalTree:
     def sed_names(self) -> list[str]:
         return [n for s in self.seds for n in s.replicas]
 
+    def security(self, name: str, parent: str | None = None) -> dict:
+        """Keyword arguments giving element ``name`` its CURVE settings (its
+        key is created on first use), pinning ``parent``'s key."""
+        if not self.keys:
+            return {}
+        from .transport.security import KeyStore, Security
+        store = KeyStore(self.keys)
+        for n in (name, parent):
+            if n and not (store.dir / "elements" / f"{n}.key").exists():
+                store.create(n, "element")
+        kw = {"security": Security(keys=store, name=name, role="element")}
+        if parent:
+            kw["parent_key"] = store.public(parent, "element")
+        return kw
+
     def start(self, wait: bool = True) -> "LocalTree":
+        if self.keys:
+            from .transport.security import KeyStore
+            store = KeyStore(self.keys)
+            for u in self.users:
+                if not (store.dir / "users" / f"{u}.key").exists():
+                    store.create(u, "user")
         self.lt = LoopThread()
         self.ma = self.lt.run(MasterAgent(name="MA", address=f"tcp://{self.host}:0",
-                                          http_port=0 if self.http else None, **self.hb).start())
+                                          http_port=0 if self.http else None, **self.hb,
+                                          **self.security("MA")).start())
         for i in range(self.n_las):
             la = self.lt.run(LocalAgent(name=f"LA{i + 1}", parent=self.ma.address,
-                                        address=f"tcp://{self.host}:0", **self.hb).start())
+                                        address=f"tcp://{self.host}:0", **self.hb,
+                                        **self.security(f"LA{i + 1}", "MA")).start())
             self.las.append(la)
             for j in range(self.seds_per_la):
-                self.add_sed(f"sed-{i + 1}-{j + 1}", la.address)
+                self.add_sed(f"sed-{i + 1}-{j + 1}", la.address, **self.security(f"sed-{i + 1}-{j + 1}", la.name))
         for j in range(self.seds_under_ma):
-            self.add_sed(f"sed-ma-{j + 1}", self.ma.address)
+            self.add_sed(f"sed-ma-{j + 1}", self.ma.address, **self.security(f"sed-ma-{j + 1}", "MA"))
         if wait:
             self.wait_registered()
         return self

@@ -393,3 +393,32 @@ def test_same_seed_same_answers():
         return [x["name"] for x in to(out, CLIENT)[0]["servers"]]
     assert run(3) == run(3)
     assert len({tuple(run(i)) for i in range(8)}) > 1
+
+
+def test_discoveries_in_flight_are_bounded_per_connection():
+    """A flood of DISCOVERs from one connection is refused past the limit (no
+    amplification down the tree); other connections are unaffected."""
+    import random as _random
+    from gridrpc.core.agent import AgentConfig, AgentState, MasterRole, Received, Send
+    from gridrpc.core import messages as _m
+    st = AgentState(AgentConfig(name="MA", max_discoveries_per_peer=3), MasterRole(), _random.Random(1))
+    st.handle(Received(b"child", _m.MsgType.REGISTER,
+                       {"v": 1, "type": "register", "id": "r", "name": "sed-1", "kind": "sed",
+                        "services": ["add"], "address": "tcp://h:1", "pid": 1}), 0.0)
+    disc = lambda i, peer: Received(peer, _m.MsgType.DISCOVER,  # noqa: E731
+                                    {"v": 1, "type": "discover", "id": f"d{i}", "service": "add", "k": 1})
+    outs = [st.handle(disc(i, b"flood"), 0.1) for i in range(5)]
+    refused = [o for o in outs if any(isinstance(a, Send) and a.header.get("type") == "error" for a in o)]
+    assert len(refused) == 2
+    assert "in flight" in refused[0][0].header["error"]["message"]
+    assert refused[0][0].header["error"]["kind"] == "refused"
+    fanned = st.handle(disc(9, b"other"), 0.1)
+    assert any(isinstance(a, Send) and a.to == b"child" for a in fanned)
+    # the answers free the slots
+    for i in range(3):
+        fid = [p for p in st.discoveries.pending][0]
+        st.handle(Received(b"child", _m.MsgType.SERVERS, {"v": 1, "type": "servers", "id": fid, "name": "sed-1",
+                                                          "servers": []}), 0.2)
+    assert st.statistics().discoveries_refused == 2
+    again = st.handle(disc(10, b"flood"), 0.3)
+    assert any(isinstance(a, Send) and a.to == b"child" for a in again)

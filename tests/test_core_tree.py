@@ -66,15 +66,48 @@ def test_heartbeat_unknown_child_returns_false():
     assert "ghost" not in r.children
 
 
-def test_heartbeat_updates_route_time_and_load():
+def test_heartbeat_updates_time_and_load():
     r = ChildRegistry("MA")
     r.register(b"old", sed_header("sed-1", load={"a": 1}), now=1.0)
     assert r.children["sed-1"].load == {"a": 1}
-    assert r.heartbeat(b"new", {"name": "sed-1", "load": {"num_running": 1}}, now=3.0) is True
+    assert r.heartbeat(b"old", {"name": "sed-1", "load": {"num_running": 1}}, now=3.0) is True
     c = r.children["sed-1"]
-    assert c.route == b"new" and c.last_seen == 3.0 and c.load == {"num_running": 1}
-    r.heartbeat(b"new", {"name": "sed-1", "load": "junk"}, now=4.0)
+    assert c.route == b"old" and c.last_seen == 3.0 and c.load == {"num_running": 1}
+    r.heartbeat(b"old", {"name": "sed-1", "load": "junk"}, now=4.0)
     assert c.load == {"num_running": 1} and c.last_seen == 4.0
+
+
+def test_a_heartbeat_from_another_connection_does_not_take_the_child():
+    """A stranger heartbeating under a live child's name used to take its
+    route (and its discoveries). Now only the child's own key may move it."""
+    r = ChildRegistry("MA")
+    r.register(b"real", sed_header("sed-1"), now=1.0)
+    assert r.heartbeat(b"rogue", {"name": "sed-1"}, now=2.0) is False
+    c = r.children["sed-1"]
+    assert c.route == b"real" and c.last_seen == 1.0
+    r.register(b"r2", sed_header("sed-2"), now=1.0, identity="element:sed-2")
+    assert r.heartbeat(b"r3", {"name": "sed-2"}, now=2.0, identity="element:sed-9") is False
+    assert r.heartbeat(b"r3", {"name": "sed-2"}, now=2.0, identity="element:sed-2") is True
+    assert r.children["sed-2"].route == b"r3"
+
+
+def test_names_are_unique_in_the_subtree():
+    r = ChildRegistry("MA")
+    r.register(b"la", {"name": "LA1", "kind": "la", "services": [],
+                       "elements": [{"name": "sed-1", "parent": "LA1", "kind": "sed"}]}, now=1.0)
+    r.register(b"s2", sed_header("sed-2"), now=1.0)
+    # a live direct child, a live descendant, the agent's own name: taken
+    assert "already registered" in r.name_conflict(b"x", sed_header("sed-2"), None, now=2.0, live_for=3.0)
+    why = r.name_conflict(b"x", sed_header("sed-1"), None, now=2.0, live_for=3.0)
+    assert "subtree of LA1" in why
+    assert "this agent" in r.name_conflict(b"x", sed_header("MA"), None, now=2.0, live_for=3.0)
+    # an agent claiming a taken descendant
+    la2 = {"name": "LA2", "kind": "la", "services": [], "elements": [{"name": "sed-2"}]}
+    assert "sed-2" in r.name_conflict(b"x", la2, None, now=2.0, live_for=3.0)
+    # the child itself again (same connection), a new name, a silent holder: fine
+    assert r.name_conflict(b"s2", sed_header("sed-2"), None, now=2.0, live_for=3.0) is None
+    assert r.name_conflict(b"x", sed_header("sed-3"), None, now=2.0, live_for=3.0) is None
+    assert r.name_conflict(b"x", sed_header("sed-2"), None, now=5.0, live_for=3.0) is None
 
 
 def test_heartbeat_with_changed_subtree_bumps_version_and_replaces_elements():

@@ -12,7 +12,7 @@ PUBLIC = {
     "File",
     "MasterAgent", "LocalAgent", "SeD",
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
-    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument",
+    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
     "RemoteError", "WorkerDied",
     "__version__",
 }

@@ -7,7 +7,7 @@ from gridrpc.testing import LocalTree, wait_for
 
 def _story(sed, call_id):
     out = []
-    for d in list(sed.events._q):
+    for d in list(sed.outbox._q):
         e = d if isinstance(d, Event) else Event.from_dict(d)
         if e.id == call_id:
             out.append(e)

@@ -75,6 +75,10 @@ class AsyncClient:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._tasks: set[asyncio.Task] = set()     # submitted calls still running
+        self._security, self._ma_public = client_security(self.options, self.user)
+        if self._security is not None:
+            self.user = self._security.name         # the SeDs account calls to the key's user
+        self._server_keys: dict[str, bytes] = {}    # SeD address -> public key (from the MA's answers)
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> "AsyncClient":
@@ -82,7 +86,8 @@ class AsyncClient:
         self._driver = AsyncCallDriver(self.loop, self._send, new_id=new_id, decode=self._decode,
                                        on_attempt=_on_attempt)
         if self.master_agent:
-            self._ma = Channel(connect_dealer(self.master_agent), self._on_ma, name="client->MA")
+            opts = self._security.client_options(self._ma_public) if self._security is not None else None
+            self._ma = Channel(connect_dealer(self.master_agent, options=opts), self._on_ma, name="client->MA")
         return self
 
     async def __aenter__(self):
@@ -147,10 +152,12 @@ class AsyncClient:
         mt, r = await self._ma_request(h, o.discovery_timeout)
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
+        entries = [s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
         servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {})
-                   for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
-        for s in servers:
-            self._server_addresses[s.name] = s.address
+                   for s in entries]
+        for s in entries:
+            self._server_addresses[s["name"]] = s["address"]
+            self._learn_key(s["address"], s.get("public_key"))
         return servers
 
     async def tree(self) -> list[dict]:
@@ -166,7 +173,13 @@ class AsyncClient:
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
         self._server_addresses.update({k: v for k, v in (r.get("servers") or {}).items() if v})
+        for name, key in (r.get("keys") or {}).items():
+            self._learn_key(self._server_addresses.get(name), key)
         return r["services"]
+
+    def _learn_key(self, address: str | None, key) -> None:
+        if address and isinstance(key, str) and len(key) == 40:
+            self._server_keys[address] = key.encode("ascii")
 
     async def resolve(self, server: str) -> ServerInfo:
         """A SeD by name (or ``tcp://host:port#name`` / ``tcp://host:port``)."""
@@ -274,7 +287,15 @@ class AsyncClient:
         if ch is None or ch.closed:
             if self.closed:
                 raise CommunicationError("client is closed")
-            ch = Channel(connect_dealer(address), functools.partial(self._driver.on_message, address),
+            opts = None
+            if self._security is not None:
+                key = self._server_keys.get(address)
+                if key is None:
+                    raise CommunicationError(f"security is on and the public key of the server at {address} "
+                                             "is unknown: reach servers through the MA (discover, or "
+                                             "handle(service, server=NAME)), which gives their keys")
+                opts = self._security.client_options(key)
+            ch = Channel(connect_dealer(address, options=opts), functools.partial(self._driver.on_message, address),
                          name=f"client->{address}")
             self._seds[address] = ch
         return ch
@@ -305,3 +326,20 @@ class AsyncHandle:
 
     async def submit(self, *args, **kwargs) -> Call:
         return self.client.submit_nowait(self.service, *args, server=self.server, optional=self.optional, **kwargs)
+
+
+def client_security(options, user: str):
+    """``(Security, MA public key)`` for a client whose options name a key
+    directory; ``(None, None)`` without security."""
+    if not options.keys:
+        return None, None
+    from ..transport.security import KeyStore, Security, public_key_from
+    store = KeyStore(options.keys)
+    sec = Security(keys=store, name=options.key or user, role="user")
+    sec.pair                                   # fails now, clearly, if the user's key is missing
+    spec = options.ma_key or "MA"
+    try:
+        ma_public = store.public(spec, "element")
+    except Exception:  # noqa: BLE001 - not an element name: a literal key or a file
+        ma_public = public_key_from(spec)
+    return sec, ma_public

@@ -50,6 +50,13 @@ class ClientOptions:
     max_message_size: int = 512 * 1024 * 1024
     aggregator: Any = None
     download_dir: str | None = None
+    #: CURVE: the key directory (``gridrpc keys``); security is on when given
+    keys: str | None = None
+    #: the name of this user's key pair in ``keys`` (default: ``user``)
+    key: str | None = None
+    #: the MA's public key: 40 z85 characters, a ``.key`` file, or an element
+    #: name in ``keys`` (default: the element ``MA``)
+    ma_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.user is not None and not isinstance(self.user, str):
@@ -69,6 +76,10 @@ class ClientOptions:
                 raise ValueError(f"client option {name} must be >= 1, not {value!r}")
         if self.download_dir is not None and not isinstance(self.download_dir, (str, os.PathLike)):
             _bad_type("download_dir", self.download_dir, "a path or None")
+        for name in ("keys", "key", "ma_key"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, (str, os.PathLike)):
+                _bad_type(name, v, "a str or None")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -61,6 +61,15 @@ def group_by_process(registry: ChildRegistry, names: list[str]) -> list[list[str
     return list(groups.values())
 
 
+def _may_register(identity: str, name: str) -> bool:
+    """Under security only an element's own key registers it: ``element:X``
+    registers ``X`` and its replicas ``X-1``, ``X-02``..."""
+    if not identity.startswith("element:"):
+        return False
+    key = identity[8:]
+    return name == key or (name.startswith(key + "-") and name[len(key) + 1:].isdigit())
+
+
 # -- the state ----------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
@@ -69,6 +78,7 @@ class AgentConfig:
     hb_interval: float = 1.0        # children's heartbeat period: shown "lost" after 2.5 of them
     hb_timeout: float = 3.0         # a child silent this long is dropped
     discovery_budget: float = 2.0   # seconds, when a request gives none
+    max_discoveries_per_peer: int = 512   # in flight from one connection; more are refused at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,7 @@ class AgentStatistics:
     pending_discoveries: int
     discoveries: int                # DISCOVER requests handled (from clients or the parent)
     discoveries_timed_out: int      # answered at the deadline, some children silent
+    discoveries_refused: int        # over the per-connection limit of discoveries in flight
     bad_messages: int               # refused at the boundary
     answers_ignored: int            # late, duplicate or stranger SERVERS
     children_lost: int
@@ -91,6 +102,7 @@ class AgentStatistics:
 class _Counters:
     discoveries: int = 0
     discoveries_timed_out: int = 0
+    discoveries_refused: int = 0
     bad_messages: int = 0
     answers_ignored: int = 0
     children_lost: int = 0
@@ -114,6 +126,7 @@ class AgentState:
         self._seq = 0
         self._reported_version = -1     # registry version the parent last heard
         self._next_sweep = 0.0
+        self._inflight: dict[bytes, int] = {}   # discoveries in flight per asking connection
         self._sweep_interval = config.hb_interval / 2
         self._lost_after = config.hb_interval * 2.5
         self._on_peer = {
@@ -136,6 +149,8 @@ class AgentState:
                 h = event.header
                 return [Send(event.peer, m.error_header(
                     h.get("id", ""), "protocol", f"agent {self.name} does not handle {event.type.value!r}"))]
+            if event.user is not None:
+                return handler(event.peer, event.header, now, event.user)
             return handler(event.peer, event.header, now)
         if t is Tick:
             return self._tick(event, now)
@@ -156,22 +171,33 @@ class AgentState:
         return d
 
     # -- children --------------------------------------------------------------
-    def _on_register(self, peer: bytes, h: dict, now: float) -> list:
-        self.registry.register(peer, h, now)
+    def _on_register(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        if user is not None and not _may_register(user, h["name"]):
+            log.warning("%s: %s tried to register as %r: refused", self.name, user, h["name"])
+            return [Send(peer, m.error_header(
+                h["id"], "refused", f"only the key of element {h['name']!r} may register it "
+                f"(this connection is {user})"))]
+        why = self.registry.name_conflict(peer, h, user, now, self.config.hb_timeout)
+        if why is not None:
+            log.warning("%s: registration of %r refused: %s", self.name, h["name"], why)
+            return [Send(peer, m.error_header(h["id"], "refused", f"names are unique in a tree: {why}; "
+                                              "choose another name (or wait until it is dropped)"))]
+        self.registry.register(peer, h, now, user)
         if self._next_sweep <= now:
             self._next_sweep = now + self._sweep_interval
         return [Send(peer, m.make(MsgType.REGISTERED, h["id"])), self._updated()]
 
-    def _on_heartbeat(self, peer: bytes, h: dict, now: float) -> list:
-        known = self.registry.heartbeat(peer, h, now)
+    def _on_heartbeat(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        known = self.registry.heartbeat(peer, h, now, user)
         out = [Send(peer, m.make(MsgType.HEARTBEAT_ACK, h["id"], known=known))]
         if known:
             out.append(self._updated())
         return out
 
-    def _on_unregister(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_unregister(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         child = self.registry.children.get(h["name"])
-        if child is None or child.route != peer:       # a child unregisters only itself
+        if child is None or not (child.route == peer or (user is not None and child.identity == user)):
+            return []                                   # a child unregisters only itself
             return []
         self.registry.remove(h["name"])
         return self._lost(h["name"], "left", now)
@@ -209,7 +235,13 @@ class AgentState:
         return out
 
     # -- discovery -------------------------------------------------------------------
-    def _on_discover(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_discover(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        n = self._inflight.get(peer, 0)
+        if n >= self.config.max_discoveries_per_peer:
+            self.counters.discoveries_refused += 1
+            return [Send(peer, m.error_header(
+                h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from this "
+                f"connection (limit max_discoveries_per_peer={self.config.max_discoveries_per_peer})"))]
         return self._discover(h, ("peer", peer), now)
 
     def _from_parent(self, ev: FromParent, now: float) -> list:
@@ -249,12 +281,14 @@ class AgentState:
         for group in group_by_process(self.registry, children):
             msg = dict(fwd, names=group) if len(group) > 1 else fwd
             out.append(Send(registry_children[group[0]].route, msg, tuple(group)))
+        if reply_to[0] == "peer":
+            self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
         done = self.discoveries.start(fid, (reply_to, rid, service, k), children, k, agg, now + budget, now)
         if done is not None:
             out.extend(self._finish(done))
         return out
 
-    def _on_servers(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_servers(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         name = h.get("name") or ""
         child = self.registry.children.get(name)
         if child is None or child.route != peer:        # only the asked child answers for itself
@@ -267,7 +301,7 @@ class AgentState:
             return []
         return self._finish(done)
 
-    def _on_error(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_error(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         """A child could not answer a discovery (e.g. an aggregator it does
         not have): an empty answer, so the discovery need not wait for it."""
         name = h.get("name") or ""
@@ -287,6 +321,12 @@ class AgentState:
 
     def _finish(self, done: Done) -> list:
         reply_to, rid, service, k = done.reply_to
+        if reply_to[0] == "peer":
+            left = self._inflight.get(reply_to[1], 0) - 1
+            if left > 0:
+                self._inflight[reply_to[1]] = left
+            else:
+                self._inflight.pop(reply_to[1], None)
         if done.timed_out:
             self.counters.discoveries_timed_out += 1
             log.info("%s: discovery %s for %s: no answer in time from %s", self.name, rid, service,
@@ -304,14 +344,17 @@ class AgentState:
         return SendParent(header)
 
     # -- catalogue, tree, statistics ----------------------------------------------------
-    def _on_services(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_services(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         elements = self.elements(now)
         servers = {e["name"]: e.get("address") for e in elements if e.get("kind") == "sed"}
         extra = {"elements": self.tree(now)} if h.get("tree") else {}
+        keys = {e["name"]: e["public_key"] for e in elements if e.get("kind") == "sed" and e.get("public_key")}
+        if keys:
+            extra["keys"] = keys
         return [Send(peer, m.make(MsgType.CATALOGUE, h["id"], services=self.registry.catalogue(),
                                   servers=servers, **extra))]
 
-    def _on_ping(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_ping(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         return [Send(peer, m.make(MsgType.PONG, h["id"], name=self.name))]
 
     def service_list(self) -> list[dict]:
@@ -351,7 +394,8 @@ class AgentState:
         return AgentStatistics(
             name=self.name, kind=self.role.kind, children=len(self.registry.children),
             pending_discoveries=len(self.discoveries.pending), discoveries=c.discoveries,
-            discoveries_timed_out=c.discoveries_timed_out, bad_messages=c.bad_messages,
+            discoveries_timed_out=c.discoveries_timed_out, discoveries_refused=c.discoveries_refused,
+            bad_messages=c.bad_messages,
             answers_ignored=c.answers_ignored, children_lost=c.children_lost)
 
 

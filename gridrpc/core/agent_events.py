@@ -17,6 +17,7 @@ class Received:
     peer: bytes                     # the sender's routing id: answers go back there
     type: MsgType
     header: dict
+    user: str | None = None         # authenticated identity ("element:LA1", "user:alice"); None: no security
 
 
 @dataclass(frozen=True, slots=True)

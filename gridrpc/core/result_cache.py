@@ -55,6 +55,7 @@ class ResultCache:
         self._ids: set[str] = set()
         self._order: collections.deque[str] = collections.deque()
         self._held: set[str] = set()
+        self._owners: dict[str, object] = {}      # who may ask again for a finished id
         self.bytes = 0
         self.dropped = 0
 
@@ -70,14 +71,18 @@ class ResultCache:
     def held(self, call_id: str) -> bool:
         return call_id in self._held
 
+    def owner(self, call_id: str) -> object:
+        """Who made the call (None: anyone may ask)."""
+        return self._owners.get(call_id)
+
     def statistics(self) -> CacheStats:
         return CacheStats(answers=len(self._answers), bytes=self.bytes, max_bytes=self.max_bytes,
                           ids=len(self._ids), held=len(self._held), dropped=self.dropped)
 
     # -- changes ------------------------------------------------------------
-    def put(self, call_id: str, frames: list | None) -> None:
-        """Remember a finished id and, if it fits, its answer."""
-        self.remember(call_id)
+    def put(self, call_id: str, frames: list | None, owner: object = None) -> None:
+        """Remember a finished id (made by ``owner``) and, if it fits, its answer."""
+        self.remember(call_id, owner)
         old = self._answers.pop(call_id, None)
         if old is not None:
             self.bytes -= old[1]
@@ -94,8 +99,10 @@ class ResultCache:
             self.bytes -= size
             self.dropped += 1
 
-    def remember(self, call_id: str) -> None:
+    def remember(self, call_id: str, owner: object = None) -> None:
         """Remember a finished id (its answer, if any, is given to :meth:`put`)."""
+        if owner is not None:
+            self._owners[call_id] = owner
         if call_id in self._ids:
             return
         self._ids.add(call_id)
@@ -119,6 +126,7 @@ class ResultCache:
                 self._order.append(old)
                 continue
             self._ids.discard(old)
+            self._owners.pop(old, None)
             e = self._answers.pop(old, None)
             if e is not None:
                 self.bytes -= e[1]

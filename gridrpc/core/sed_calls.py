@@ -66,6 +66,7 @@ class CallRecord:
     started: float | None = None
     ended: float | None = None
     state: CallState = CallState.QUEUED
+    owner: object = None       # who made it (an authenticated key, else the connection); None: anyone
 
 
 # -- actions ------------------------------------------------------------------------
@@ -149,6 +150,14 @@ class SedCalls:
         self.counts["expired"] += 1
         return Expired(call_id)
 
+    def owned_by(self, call_id: str, who: object) -> bool:
+        """May ``who`` (a key's identity, else a connection) ask about this
+        call again (duplicate, CANCEL, PING)? Only its owner may; an unknown
+        id or a call without a recorded owner is anyone's."""
+        call = self.live.get(call_id)
+        owner = call.owner if call is not None else self.cache.owner(call_id)
+        return owner is None or owner == who
+
     def submit(self, call: CallRecord, now: float) -> list[Action]:
         """Queue a new call (check :meth:`duplicate` first: a known id is ignored)."""
         if call.id in self.live or call.id in self.cache:
@@ -189,7 +198,7 @@ class SedCalls:
             actions = self._actions(sch.cancel(call_id, now), now)
         call.ended = now
         self.counts[call.state.value] += 1
-        self.cache.put(call_id, frames)
+        self.cache.put(call_id, frames, call.owner)
         return actions
 
     def tick(self, sed: str, now: float) -> list[Action]:

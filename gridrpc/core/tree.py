@@ -33,6 +33,7 @@ class Child:
     elements: list[dict]         # descendants (agents only)
     last_seen: float
     load: dict = field(default_factory=dict)
+    identity: str | None = None  # authenticated key of its connection (CURVE), None without security
 
 
 class ChildRegistry:
@@ -42,9 +43,47 @@ class ChildRegistry:
         self.version = 0              # bumped on every change of the subtree's shape or services
         self._by_service: dict[str, tuple[str, ...]] | None = None
         self._services: Mapping[str, Mapping] | None = None
+        self._owners: dict[str, str] | None = None
+
+    # -- names are unique in a tree -------------------------------------------
+    def owner_of(self, name: str) -> str | None:
+        """The child whose subtree holds element ``name`` (itself or a descendant)."""
+        if self._owners is None:
+            owners: dict[str, str] = {}
+            for n, c in self.children.items():
+                owners[n] = n
+                for e in c.elements:
+                    en = e.get("name")
+                    if isinstance(en, str):
+                        owners.setdefault(en, n)
+            self._owners = owners
+        return self._owners.get(name)
+
+    def name_conflict(self, route: bytes, header: dict, identity: str | None, now: float,
+                      live_for: float) -> str | None:
+        """Why registering ``header`` would take names of live elements of
+        other connections, or None. A child keeps its place while it is seen
+        within ``live_for`` seconds; its own connection (or, under security,
+        its own key) may register again."""
+        names = [header["name"]] + [e["name"] for e in header.get("elements") or ()
+                                    if isinstance(e, dict) and isinstance(e.get("name"), str)]
+        for n in names:
+            if n == self.owner:
+                return f"{n!r} is the name of this agent"
+            holder = self.owner_of(n)
+            if holder is None:
+                continue
+            c = self.children[holder]
+            same = c.route == route or (identity is not None and c.identity == identity)
+            if holder == header["name"] and same:
+                continue                          # the child itself, registering again
+            if now - c.last_seen <= live_for:
+                where = "" if holder == n else f" (in the subtree of {holder})"
+                return f"an element named {n!r} is already registered{where}"
+        return None
 
     # -- inputs -----------------------------------------------------------
-    def register(self, route: bytes, header: dict, now: float) -> None:
+    def register(self, route: bytes, header: dict, now: float, identity: str | None = None) -> None:
         name = header["name"]
         services = {}
         for s in header.get("services") or ():
@@ -55,21 +94,29 @@ class ChildRegistry:
             elif isinstance(s, str):
                 services[s] = {"doc": "", "params": []}
         info = {k: header.get(k) for k in ("kind", "address", "host", "pid", "started")}
+        if isinstance(header.get("public_key"), str):      # CURVE: clients pin it from the MA's answers
+            info["public_key"] = header["public_key"]
         elements = [e for e in header.get("elements") or () if isinstance(e, dict)]
         old = self.children.get(name)
         self.children[name] = Child(name=name, route=route, info=info, services=services,
                                     elements=elements, last_seen=now,
-                                    load=header.get("load") or {})
+                                    load=header.get("load") or {}, identity=identity)
         if old is None or old.services != services or old.info != info or \
                 _shape(old.elements) != _shape(elements):
             self._changed()
 
-    def heartbeat(self, route: bytes, header: dict, now: float) -> bool:
-        """Returns False when the child is unknown (it must register again)."""
+    def heartbeat(self, route: bytes, header: dict, now: float, identity: str | None = None) -> bool:
+        """Returns False when the child is unknown (it must register again).
+        A heartbeat from another connection counts only under the child's own
+        key (security on); otherwise the sender must register (and is refused
+        while the child lives)."""
         child = self.children.get(header["name"])
         if child is None:
             return False
-        child.route = route
+        if child.route != route:
+            if identity is None or identity != child.identity:
+                return False
+            child.route = route
         child.last_seen = now
         if isinstance(header.get("load"), dict):
             child.load = header["load"]
@@ -147,6 +194,7 @@ class ChildRegistry:
         self.version += 1
         self._by_service = None
         self._services = None
+        self._owners = None
 
 
 def _shape(elements: list[dict]) -> Any:

@@ -53,7 +53,7 @@ from ..core.call import CallMachine, Done, Tick
 from ..core.messages import MsgType
 from ..errors import (CommunicationError, GridRPCError, MessageTooLarge, NoServerAvailable, ProtocolError,
                       ServiceNotFound, error_from_wire)
-from ..transport.channel import configure_context
+from ..transport.channel import configure_context, routing_id
 
 log = logging.getLogger(__name__)
 _ctx: zmqg.Context | None = None
@@ -90,6 +90,7 @@ class _Socket:
 
     def __init__(self, address: str, on_message, name: str) -> None:
         s = context().socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, routing_id())    # stable across reconnects (the SeD's owner check)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 100000)
         s.setsockopt(zmq.RCVHWM, 0)

@@ -29,7 +29,8 @@ from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, F
                           Received, Rejected, Role, Send, SendFailed, SendParent, Tick, group_by_process)
 from ..core.messages import MsgType
 from ..transport.channel import host_of
-from ..transport.endpoint import Endpoint, Incoming
+from ..transport.endpoint import DEFAULT_MAX_MESSAGE, Endpoint, Incoming
+from ..transport.security import Security
 from ..transport.parent_link import ParentLink
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,12 @@ class AgentRuntime:
     def __init__(self, *, name: str, address: str = "tcp://127.0.0.1:0", parent: str | None = None,
                  role: Role | None = None, hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  discovery_budget: float = 2.0, orphan_timeout: float | None = None,
-                 seed: int | None = None, socket_options: Mapping[int, object] | None = None) -> None:
+                 seed: int | None = None, socket_options: Mapping[int, object] | None = None,
+                 security: Security | None = None, parent_key: bytes | None = None,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE) -> None:
         self.name = name
+        self.security = security
+        self.parent_key = parent_key
         self.bind_address = address
         self.parent = parent
         self.hb_interval = hb_interval
@@ -54,7 +59,8 @@ class AgentRuntime:
         handle = self._on_message
         self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},
                                  what=f"agent {name}", socket_options=socket_options,
-                                 on_rejected=self._on_rejected)
+                                 on_rejected=self._on_rejected, security=security,
+                                 max_message_size=max_message_size)
         self.address: str | None = None
         self.link: ParentLink | None = None
         self.started = time.time()
@@ -106,7 +112,8 @@ class AgentRuntime:
             self.link = ParentLink(name=self.name, parent=self.parent, register_info=self._register_info,
                                    heartbeat_info=self._heartbeat_info, on_message=self._on_parent,
                                    hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
-                                   orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned)
+                                   orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
+                                   security=self.security, parent_key=self.parent_key)
             self.link.start()
         self._tick()
         log.info("%s (%s) listening on %s%s", self.name, self.kind, self.address,
@@ -148,7 +155,7 @@ class AgentRuntime:
 
     # -- the endpoint's --------------------------------------------------------------------
     def _on_message(self, msg: Incoming) -> None:
-        self._run(self.state.handle(Received(msg.peer, msg.type, msg.header), msg.received))
+        self._run(self.state.handle(Received(msg.peer, msg.type, msg.header, msg.user), msg.received))
 
     def _on_rejected(self, exc) -> None:
         self.state.handle(Rejected(), time.monotonic())

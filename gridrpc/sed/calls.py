@@ -54,6 +54,10 @@ class CallsMixin:
     def _on_call(self, msg: Incoming) -> None:
         h, route, buffers = msg.header, msg.route, msg.buffers
         cid = h["id"]
+        who = _who(msg)
+        if not self.lifecycle.owned_by(cid, who):
+            return self._reject(route, cid, "refused", f"call id {cid} belongs to another client of "
+                                f"SeD {self.name} (a call is answered, cancelled or pinged only by its owner)")
         dup = self.lifecycle.duplicate(cid)
         if dup is not None:
             self._answer_duplicate(route, dup)
@@ -86,7 +90,7 @@ class CallsMixin:
             kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
             return self._reject(route, cid, kind, str(exc), type_=type(exc).__name__)
         now = time.time()
-        call = _Call(id=cid, sed=r.name, service=svc.name, user=str(h.get("user") or "anonymous"),
+        call = _Call(id=cid, sed=r.name, service=svc.name, user=_user(msg), owner=who,
                      optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
                      args=args, kwargs=kwargs, options=options, workdir=workdir)
         self.stats["calls"] += 1
@@ -156,6 +160,10 @@ class CallsMixin:
 
     def _on_cancel(self, msg: Incoming) -> None:
         cid = msg.id
+        if not self.lifecycle.owned_by(cid, _who(msg)):
+            self.stats["rejected"] += 1
+            return self.endpoint.reply_error(msg, "refused", f"call {cid} belongs to another client: "
+                                             "only its owner may cancel it")
         call = self.calls.get(cid)
         if call is not None:
             self.stats["cancelled"] += 1
@@ -168,8 +176,12 @@ class CallsMixin:
         ids = msg.header.get("ids")
         states: dict[str, str] = {}
         cache = self.lifecycle.cache
+        who = _who(msg)
         for i in ids if isinstance(ids, list) else []:
             if not isinstance(i, str) or i in states:
+                continue
+            if not self.lifecycle.owned_by(i, who):
+                states[i] = "unknown"           # another client's call: nothing to see
                 continue
             states[i] = self.lifecycle.state(i)
             call = self.calls.get(i)
@@ -282,7 +294,7 @@ class CallsMixin:
     # -- events (VizDIET's BEGIN_SOLVE / END_SOLVE...) ----------------------
     def _event(self, kind: EventKind, call: _Call, now: float, *, duration: float | None = None,
                detail: str | None = None) -> None:
-        self.events.emit(make_event(kind, now, call.replica.name, id=call.id, user=call.user,
+        self.outbox.emit(make_event(kind, now, call.replica.name, id=call.id, user=call.user,
                                     service=call.service, server=call.replica.name, duration=duration,
                                     optional=call.optional, detail=detail))
 
@@ -306,3 +318,20 @@ class CallsMixin:
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
         return t
+
+
+def _who(msg: Incoming) -> object:
+    """Who is asking: the authenticated key under security, else the connection."""
+    return msg.user or msg.peer
+
+
+def _user(msg: Incoming) -> str:
+    """The user a call is accounted to (fair queue, limits, events): the
+    key's user under security, never the header's; an element key (a cloud
+    SeD relaying a call) speaks for the user it names. Without security the
+    header says (unauthenticated)."""
+    uid = msg.user
+    header_user = msg.header.get("user")
+    if uid is not None and uid.startswith("user:"):
+        return uid[5:]
+    return str(header_user or "anonymous")

@@ -33,6 +33,7 @@ from ..core import messages as m
 from ..core.estimation import RunTimePredictor
 from ..core.events import EventOutbox
 from ..core.messages import MsgType
+from ..transport.security import Security
 from ..core.queue import SedScheduler, make_policy
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
 from ..errors import ConfigError
@@ -77,7 +78,8 @@ class SeD(CallsMixin):
                  max_message_size: int = DEFAULT_MAX_MESSAGE, orphan_timeout: float | None = None,
                  seed: int | None = None, queue_options: dict | None = None,
                  result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES,
-                 execution: ExecutionBackend | None = None) -> None:
+                 execution: ExecutionBackend | None = None, security: Security | None = None,
+                 parent_key: bytes | None = None) -> None:
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be >= 1")
         if replicas < 1:
@@ -112,15 +114,20 @@ class SeD(CallsMixin):
             for n in names}
         self.lifecycle = SedCalls({n: r.scheduler for n, r in self.replicas.items()},
                                   result_cache_bytes=result_cache_bytes)
+        self.security = security
+        self.parent_key = parent_key
+        self._public_key = (security.pair.public.decode() if security is not None and security.enabled
+                            else None)
         self.endpoint = Endpoint(name, address, {MsgType.CALL: self._on_call, MsgType.CANCEL: self._on_cancel,
-                                                 MsgType.PING: self._on_ping}, what=f"SeD {name}")
+                                                 MsgType.PING: self._on_ping}, what=f"SeD {name}",
+                                 max_message_size=max_message_size, security=security)
         self.address: str | None = None
         self.host = HostInfo()
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self.started = time.time()
         self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0}
-        self.events = EventOutbox()     # lifecycle events, sent up the tree with the parent link
+        self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.closed = asyncio.Event()
         self._closing = False
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
@@ -221,7 +228,8 @@ class SeD(CallsMixin):
                     heartbeat_info=lambda r=r: {"load": self._load(r)},
                     on_message=lambda mt, h, frames, r=r: self._on_parent(r, mt, h, frames),
                     hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
-                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned)
+                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
+                    security=self.security, parent_key=self.parent_key)
                 r.link.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._housekeeping()))
         log.info("SeD %s listening on %s with %d replica(s) (%s), services: %s", self.name, self.address,
@@ -267,9 +275,12 @@ class SeD(CallsMixin):
 
     # -- tree -----------------------------------------------------------
     def _register_info(self, r: Replica) -> dict:
-        return {"kind": "sed", "address": self.address, "host": host_of(self.address) or socket.gethostname(),
+        info = {"kind": "sed", "address": self.address, "host": host_of(self.address) or socket.gethostname(),
                 "pid": os.getpid(), "started": self.started,
                 "services": [s.describe() for s in self.services.values()], "load": self._load(r)}
+        if self._public_key:
+            info["public_key"] = self._public_key
+        return info
 
     def _load(self, r: Replica) -> dict:
         load = {"policy": r.scheduler.policy.name, "num_running": len(r.scheduler.running),
@@ -288,6 +299,9 @@ class SeD(CallsMixin):
             servers = [] if svc is None else [
                 {"name": rep.name, "address": self.address,
                  "estimation": self.estimate(rep, svc, h.get("args") or [], user=user)} for rep in mine]
+            if self._public_key:                     # under CURVE the client pins it from the answer
+                for s in servers:
+                    s["public_key"] = self._public_key
             reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
             if len(mine) > 1:
                 reply["names"] = [rep.name for rep in mine]

@@ -24,6 +24,9 @@ from ..errors import CommunicationError
 
 log = logging.getLogger(__name__)
 ZERO_COPY_THRESHOLD = 64 * 1024
+#: messages handled per wake-up of one socket before the loop runs others
+#: (timers, heartbeats, other sockets): a flooded socket cannot starve them
+DRAIN_BATCH = 256
 _ctx: zmq.Context | None = None
 
 
@@ -81,6 +84,15 @@ def bind_router(address: str, *, mandatory: bool = True,
     return sock, bound
 
 
+def routing_id() -> bytes:
+    """A random routing id for a DEALER: the peer's ROUTER sees the same id
+    across TCP reconnects (ROUTER_HANDOVER), so a call's owner, a child's
+    place in the tree, survive a network blip; 120 random bits cannot be
+    guessed by a stranger."""
+    import os
+    return b"g" + os.urandom(15)
+
+
 def connect_dealer(address: str, identity: bytes | None = None, immediate: bool = False,
                    options: dict | None = None) -> zmq.Socket:
     """A DEALER connected to ``address``. ``immediate``: queue messages only on
@@ -93,8 +105,7 @@ def connect_dealer(address: str, identity: bytes | None = None, immediate: bool 
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
     _heartbeat_opts(sock)
-    if identity:
-        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.IDENTITY, identity or routing_id())
     if immediate:
         sock.setsockopt(zmq.IMMEDIATE, 1)
     for opt, value in (options or {}).items():
@@ -157,7 +168,7 @@ class Channel:
         sock = self.sock
         self._draining = True
         try:
-            for _ in range(10000):    # bounded so one busy socket cannot starve the loop
+            for _ in range(DRAIN_BATCH):    # bounded so one busy socket cannot starve the loop
                 if self.closed:
                     return
                 try:

@@ -24,6 +24,8 @@ A handler gets one :class:`Incoming` and answers with :meth:`Endpoint.reply`
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -34,9 +36,17 @@ import zmq
 from ..core import messages as m
 from ..core.messages import MsgType
 from ..errors import GridRPCError, InvalidArgument, ProtocolError
-from .channel import Channel, bind_router
+from .channel import Channel, bind_router, context
+
+#: largest frame an agent accepts (headers, subtree lists); SeDs pass their own
+DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+#: messages queued per peer in each direction
+DEFAULT_QUEUE_LIMIT = 10000
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .security import Security
 
 
 @dataclass(slots=True)
@@ -121,8 +131,13 @@ class Endpoint:
     def __init__(self, name: str, address: str, handlers: Mapping[MsgType, Handler], *,
                  what: str = "", bad_input_log: RateLimitedLog | None = None,
                  socket_options: Mapping[int, object] | None = None,
-                 on_rejected: Callable[[ProtocolError], None] | None = None) -> None:
+                 on_rejected: Callable[[ProtocolError], None] | None = None,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE, queue_limit: int = DEFAULT_QUEUE_LIMIT,
+                 security: "Security | None" = None) -> None:
         self.name = name
+        self.max_message_size = max_message_size
+        self.queue_limit = queue_limit
+        self.security = security
         self.bind_address = address
         self.handlers: dict[MsgType, Handler] = dict(handlers)
         self.what = what or name              # how error messages name this daemon ("SeD sed-1")
@@ -135,7 +150,14 @@ class Endpoint:
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> "Endpoint":
-        sock, self.address = bind_router(self.bind_address, options=self.socket_options)
+        # every socket facing a peer: frames bounded in size (a bigger one
+        # disconnects its sender before it is buffered), queues bounded per peer
+        options: dict = {zmq.MAXMSGSIZE: int(self.max_message_size),
+                         zmq.RCVHWM: int(self.queue_limit), zmq.SNDHWM: int(self.queue_limit)}
+        if self.security is not None and self.security.enabled:
+            options.update(self.security.server_options(self.name, context()))
+        options.update(self.socket_options)
+        sock, self.address = bind_router(self.bind_address, options=options)
         self.channel = Channel(sock, self._on_frames, name=f"{self.name}.router")
         return self
 

@@ -16,6 +16,8 @@ with its reason (rate-limited the same way).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 import logging
 import time
@@ -23,9 +25,12 @@ from typing import Callable
 
 from ..core import messages as m
 from ..core.messages import MsgType
-from .channel import Channel, connect_dealer
+from .channel import Channel, connect_dealer, routing_id
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .security import Security
 
 
 class ParentLink:
@@ -33,8 +38,12 @@ class ParentLink:
                  heartbeat_info: Callable[[], dict], on_message: Callable[[MsgType, dict, list], None],
                  hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  orphan_timeout: float | None = None, on_orphaned: Callable[[], None] | None = None,
-                 warn_after: float = 5.0, warn_every: float = 30.0) -> None:
+                 warn_after: float = 5.0, warn_every: float = 30.0,
+                 security: "Security | None" = None, parent_key: bytes | None = None) -> None:
         self.name = name
+        # CURVE to the parent: our element key, the parent's public key pinned
+        self._socket_options = security.client_options(parent_key) if security is not None and \
+            security.enabled else {}
         self.parent = parent
         self.register_info = register_info
         self.heartbeat_info = heartbeat_info
@@ -51,6 +60,7 @@ class ParentLink:
         self.channel: Channel | None = None
         self._task: asyncio.Task | None = None
         self._seq = 0
+        self._routing_id = routing_id()
         self._next_warning: float | None = None     # when "waiting for parent" is due again
         self._next_refusal_log = 0.0
         self.attach_event = asyncio.Event()
@@ -63,7 +73,10 @@ class ParentLink:
     def _open(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        sock = connect_dealer(self.parent, immediate=True)
+        # the same routing id for every socket of this link: the parent keeps
+        # knowing us across reconnects (and nobody else can claim our place)
+        sock = connect_dealer(self.parent, identity=self._routing_id, immediate=True,
+                              options=self._socket_options)
         self.channel = Channel(sock, self._recv, name=f"{self.name}->parent")
 
     def _next_id(self) -> str:

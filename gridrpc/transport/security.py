@@ -25,6 +25,7 @@ with the discovery answer.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -250,6 +251,9 @@ class Security:
             return {}
         pair = self.pair
         auth = _authenticator(context)
+        # one ZAP domain per (daemon, key directory): daemons of one process
+        # (tests, replicas) may trust different directories
+        domain = f"{domain}.{hashlib.sha1(str(self.keys.dir.resolve()).encode()).hexdigest()[:10]}"
         ring = auth.rings.get(domain)
         if ring is None:
             ring = auth.rings[domain] = _KeyRing(self.keys)

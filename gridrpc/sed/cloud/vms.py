@@ -28,6 +28,7 @@ from ...core import messages as m
 from ...core.messages import MsgType
 from ...core.sed_calls import CallState
 from ...core.agent import LocalRole
+from ...core.events import EventKind, make_event
 from ...client.ids import new_id
 from ...runtime.agent import AgentRuntime
 from ...transport.channel import host_of
@@ -248,7 +249,13 @@ class CloudVMs(BaseBackend):
             self._apply_pool(self.policy.tick(time.monotonic()))
 
     def _record(self, what: str, vm: str) -> None:
-        self.events.append((time.time(), what, vm))
+        now = time.time()
+        self.events.append((now, what, vm))
+        kind = {"ready": EventKind.VM_STARTED, "destroyed": EventKind.VM_STOPPED,
+                "lost": EventKind.VM_STOPPED}.get(what)
+        sed = getattr(self, "sed", None)
+        if kind is not None and sed is not None:
+            sed.outbox.emit(make_event(kind, now, self.sed_name, server=self.sed_name, detail=f"{what} {vm}"))
         if len(self.events) > 1000:
             del self.events[:100]
 

@@ -1,0 +1,114 @@
+"""A whole tree on CURVE (in-process): calls work with keys; the identity the
+SeD's queue sees is the key's user, not the header; strangers without keys
+get nowhere; clients pin only the MA's key."""
+import time
+
+import pytest
+import zmq
+
+import gridrpc
+from gridrpc.core import messages as m
+from gridrpc.testing import LocalTree, wait_for
+from gridrpc.transport.security import KeyStore, Security
+
+
+@pytest.fixture(scope="module")
+def secure_tree(tmp_path_factory):
+    keys = str(tmp_path_factory.mktemp("keys"))
+    with LocalTree(las=1, seds_per_la=2, keys=keys, users=["alice", "bob"], http=False) as t:
+        yield t, keys
+
+
+def test_calls_discovery_and_bound_handles_over_curve(secure_tree):
+    t, keys = secure_tree
+    with gridrpc.Client(t.ma_address, keys=keys, user="alice") as c:
+        assert c.call("add", 1, 2) == 3
+        servers = c.discover("add", 5)
+        assert len(servers) == 2
+        h = c.handle("add", server=servers[0].name)
+        assert h(20, 22) == 42
+        import numpy as np
+        a = np.arange(100000.0)
+        assert (c.call("echo", a) == a).all()
+
+
+def test_the_queue_sees_the_keys_user_not_the_header(secure_tree):
+    t, keys = secure_tree
+    with gridrpc.Client(t.ma_address, keys=keys, key="bob", user="bob") as c:
+        call = c.submit("sleep", 0.01)
+        assert call.result(10) == 0.01
+        sed = next(s for s in t.seds if call.server in s.replicas)
+    # the SeD's events record who ran it
+    from gridrpc.core.events import Event
+    evs = [e if isinstance(e, Event) else Event.from_dict(e) for e in list(sed.outbox._q)]
+    assert [e.user for e in evs if e.id == call.id] == ["bob", "bob", "bob"]
+
+
+def test_a_forged_header_user_is_ignored(secure_tree):
+    """alice's key, a raw CALL saying user=root: the SeD accounts it to alice."""
+    t, keys = secure_tree
+    store = KeyStore(keys)
+    sed = t.seds[0]
+    sec = Security(keys=store, name="alice", role="user")
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    for k, v in sec.client_options(store.public(sed.name, "element")).items():
+        s.setsockopt(k, v)
+    s.connect(sed.address)
+    try:
+        s.send_multipart([m.dumps(m.make(m.MsgType.CALL, "forged-1", service="add", args=[1, 1], kwargs={},
+                                         sed=sed.name, user="root"))])
+        got = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (got is None or got["type"] == "accepted"):
+            assert s.poll(5000)
+            got = m.parse_header(s.recv_multipart()[0])[1]
+        assert got["type"] == "result"
+    finally:
+        s.close()
+    from gridrpc.core.events import Event
+    evs = [e if isinstance(e, Event) else Event.from_dict(e) for e in list(sed.outbox._q)]
+    assert {e.user for e in evs if e.id == "forged-1"} == {"alice"}
+
+
+def test_strangers_without_a_known_key_get_nothing(secure_tree, tmp_path):
+    t, keys = secure_tree
+    other = KeyStore(tmp_path / "mallory")
+    other.create("mallory", "user")
+    with pytest.raises(gridrpc.CommunicationError):
+        with gridrpc.Client(t.ma_address, keys=str(other.dir), key="mallory", ma_key=str(
+                KeyStore(keys).dir / "elements" / "MA.key"), discovery_timeout=1.0) as c:
+            c.discover("add", 1)
+    # no CURVE at all: the MA does not answer
+    with pytest.raises(gridrpc.CommunicationError):
+        with gridrpc.Client(t.ma_address, discovery_timeout=1.0) as c:
+            c.discover("add", 1)
+
+
+def test_a_user_key_cannot_register_an_element(secure_tree):
+    t, keys = secure_tree
+    store = KeyStore(keys)
+    sec = Security(keys=store, name="alice", role="user")
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    for k, v in sec.client_options(store.public("MA", "element")).items():
+        s.setsockopt(k, v)
+    s.connect(t.ma_address)
+    try:
+        s.send_multipart([m.dumps(m.make(m.MsgType.REGISTER, "r1", name="rogue", kind="sed", services=["add"],
+                                         address="tcp://127.0.0.1:9"))])
+        assert s.poll(5000)
+        r = m.parse_header(s.recv_multipart()[0])[1]
+        assert r["type"] == "error" and r["error"]["kind"] == "refused"
+        assert "only the key of element" in r["error"]["message"]
+    finally:
+        s.close()
+    assert "rogue" not in t.registered_seds()
+
+
+def test_replicas_register_under_their_process_key(tmp_path):
+    keys = str(tmp_path / "k")
+    with LocalTree(las=0, seds_under_ma=1, replicas=3, keys=keys, users=["alice"], http=False) as t:
+        assert sorted(t.registered_seds()) == ["sed-ma-1-1", "sed-ma-1-2", "sed-ma-1-3"]
+        with gridrpc.Client(t.ma_address, keys=keys, user="alice") as c:
+            assert c.call("add", 2, 2) == 4

@@ -35,6 +35,23 @@ def _ma_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ma", default=None, metavar="ADDR",
                    help="master agent: host:port, tcp://host:port or ipc://path; several comma-separated "
                         f"(default: $GRIDRPC_MA, else {DEFAULT_MA})")
+    p.add_argument("--keys", metavar="DIR", default=os.environ.get("GRIDRPC_KEYS"),
+                   help="CURVE key directory of a secure tree (env GRIDRPC_KEYS); see docs/security.md")
+    p.add_argument("--key", metavar="NAME", help="your key pair's name in --keys (default: your user name)")
+    p.add_argument("--ma-key", metavar="NAME|FILE|KEY",
+                   help="the MA's public key: element name in --keys (default MA), a .key file, or the key")
+
+
+def _client_security(a: argparse.Namespace) -> dict:
+    """Client keywords from --keys/--key/--ma-key (empty without --keys)."""
+    if not getattr(a, "keys", None):
+        return {}
+    out = {"keys": a.keys}
+    if a.key:
+        out["key"] = a.key
+    if a.ma_key:
+        out["ma_key"] = a.ma_key
+    return out
 
 
 def _element_name(text: str) -> str:
@@ -58,6 +75,17 @@ def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--ready-file", help="write {name, address, pid} as JSON here once serving")
     p.add_argument("--log-level", type=_log_level, default=os.environ.get("GRIDRPC_LOG", "INFO"),
                    help="DEBUG, INFO, WARNING or ERROR, any case (default INFO, or $GRIDRPC_LOG)")
+    g = p.add_argument_group("security (docs/security.md)")
+    g.add_argument("--secure", action="store_true", default=os.environ.get("GRIDRPC_SECURE") == "1",
+                   help="CurveZMQ on every link: only keys of --keys are accepted (env GRIDRPC_SECURE=1)")
+    g.add_argument("--keys", metavar="DIR", default=os.environ.get("GRIDRPC_KEYS"),
+                   help="key directory (gridrpc keys create ...; env GRIDRPC_KEYS)")
+    g.add_argument("--parent-key", metavar="NAME|FILE|KEY",
+                   help="the parent's public key: its element name in --keys, a .key file, "
+                        "or 40 z85 characters (needed with --secure --parent)")
+    g.add_argument("--insecure", action="store_true",
+                   help="serve WITHOUT authentication on a non-loopback address (anyone who reaches the "
+                        "port can register, call and read): only on a private, trusted network")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS",
                    help="register an aggregator class (repeatable); requests may then name it")
 
@@ -178,6 +206,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         parent = parse_address(a.parent, what="--parent") if getattr(a, "parent", None) else None
         from .plugins import load_aggregator_plugins
         load_aggregator_plugins(a.plugin)
+        hb.update(_security_kwargs(a, parent))
         if a.cmd == "ma":
             from .master_agent import MasterAgent
             d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host, **hb)
@@ -207,6 +236,40 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         print(f"gridrpc {a.cmd}: error: {_os_error_text(a, exc)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _security_kwargs(a: argparse.Namespace, parent: str | None) -> dict:
+    """The daemon's CURVE settings from --secure/--keys/--parent-key; refuses
+    to serve unauthenticated on a non-loopback address without --insecure."""
+    from .errors import ConfigError
+    from .transport.security import KeyStore, Security, is_loopback, public_key_from
+    if not a.secure:
+        if not is_loopback(a.host):
+            if not a.insecure:
+                raise ConfigError(
+                    f"refusing to serve on {a.host} without authentication: anyone who reaches the port could "
+                    "join the tree, impersonate users and run calls. Give --secure --keys DIR (docs/security.md), "
+                    "or --insecure on a private network you trust")
+            logging.getLogger("gridrpc.security").warning(
+                "SECURITY IS OFF on %s (--insecure): no authentication, no encryption; any host that reaches "
+                "this port can register elements, call services and read arguments and results", a.host)
+        return {}
+    if not a.keys:
+        raise ConfigError("--secure needs a key directory: --keys DIR (or GRIDRPC_KEYS); "
+                          "create keys with: gridrpc keys create NAME --element --dir DIR")
+    store = KeyStore(a.keys)
+    sec = Security(keys=store, name=a.name, role="element")
+    sec.pair                                    # a missing key: a clear error now, not at the first peer
+    kw: dict = {"security": sec}
+    if parent:
+        if not a.parent_key:
+            raise ConfigError("--secure with --parent needs the parent's public key: --parent-key NAME "
+                              "(its element name in --keys), a .key file, or the key itself")
+        try:
+            kw["parent_key"] = store.public(a.parent_key, "element")
+        except ConfigError:
+            kw["parent_key"] = public_key_from(a.parent_key)
+    return kw
 
 
 def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
@@ -294,7 +357,7 @@ def cmd_call(a: argparse.Namespace) -> int:
         kwargs[k] = _parse_value(v)
 
     async def go():
-        async with gridrpc.AsyncClient(a.ma, user=a.user, timeout=a.timeout) as c:
+        async with gridrpc.AsyncClient(a.ma, user=a.user, timeout=a.timeout, **_client_security(a)) as c:
             if any(isinstance(v, list) for v in [*args, *kwargs.values()]):
                 _lists_to_arrays(a.service, args, kwargs, (await c.services()).get(a.service))
             call = await c.submit(a.service, *args, server=a.server, optional=a.optional, **kwargs)
@@ -423,7 +486,7 @@ def cmd_services(a: argparse.Namespace) -> int:
     import gridrpc
 
     async def go():
-        async with gridrpc.AsyncClient(a.ma, discovery_timeout=5) as c:
+        async with gridrpc.AsyncClient(a.ma, discovery_timeout=5, **_client_security(a)) as c:
             return await c.services()
 
     try:
@@ -449,7 +512,7 @@ def cmd_discover(a: argparse.Namespace) -> int:
     agg = _parse_value(a.aggregator) if a.aggregator else None
 
     async def go():
-        async with gridrpc.AsyncClient(a.ma) as c:
+        async with gridrpc.AsyncClient(a.ma, **_client_security(a)) as c:
             return await c.discover(a.service, a.max_servers, aggregator=agg)
 
     try:

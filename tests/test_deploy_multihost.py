@@ -118,7 +118,7 @@ def element_pids(c: NetnsCluster, names: set[str]) -> dict[str, list[int]]:
 PROBE = r"""
 import json, sys, time
 import gridrpc
-c = gridrpc.Client(sys.argv[1], discovery_timeout=float(sys.argv[2]))
+c = gridrpc.Client(sys.argv[1], discovery_timeout=float(sys.argv[2]), keys=sys.argv[3])
 print(json.dumps({"ok": True, "ready": True}), flush=True)
 for line in sys.stdin:
     cmd = json.loads(line)
@@ -141,8 +141,8 @@ for line in sys.stdin:
 class Probe:
     """A long-lived client inside a namespace host, driven over its stdin/stdout."""
 
-    def __init__(self, c: NetnsCluster, host: str, ma: str) -> None:
-        self.proc = c.popen(host, [sys.executable, "-u", "-c", PROBE, ma, str(DISCOVERY_TIMEOUT)],
+    def __init__(self, c: NetnsCluster, host: str, ma: str, keys: str) -> None:
+        self.proc = c.popen(host, [sys.executable, "-u", "-c", PROBE, ma, str(DISCOVERY_TIMEOUT), keys],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
         assert self._read(20)["ready"]
@@ -199,11 +199,12 @@ def env(netns_cluster, tmp_path_factory):
     t0 = time.monotonic()
     up = deploy(c, "up", str(f), "--state-dir", str(state))
     info = {"cluster": c, "file": str(f), "state": str(state), "up": up, "tmp": tmp,
-            "up_seconds": time.monotonic() - t0, "ma": f"tcp://{c.address('h1')}:{MA_PORT}"}
+            "up_seconds": time.monotonic() - t0, "ma": f"tcp://{c.address('h1')}:{MA_PORT}",
+            "keys": str(state / "keys")}     # security is on by default: the hosts are not loopback
     probe = None
     try:
         if up.returncode == 0:
-            probe = Probe(c, "h1", info["ma"])
+            probe = Probe(c, "h1", info["ma"], info["keys"])
         info["probe"] = probe
         yield info
     finally:
@@ -237,10 +238,23 @@ def test_up_reports_each_element_and_registers(env):
 
 def test_call_from_host1(env):
     c = env["cluster"]
-    r = c.exec("h1", [sys.executable, "-m", "gridrpc", "call", "add", "1", "2", "--ma", env["ma"]])
+    r = c.exec("h1", [sys.executable, "-m", "gridrpc", "call", "add", "1", "2", "--ma", env["ma"],
+                      "--keys", env["keys"]])
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "3"
     assert env["probe"].discover()["result"] == ALL_SEDS
+
+
+def test_a_multihost_tree_is_secure_by_default(env):
+    """The hosts are not loopback: CURVE is on without asking. A client
+    without keys gets no answer; every element runs with --secure."""
+    c = env["cluster"]
+    r = c.exec("h2", [sys.executable, "-m", "gridrpc", "discover", "add", "--ma", env["ma"]], timeout=60)
+    assert r.returncode != 0 and "did not answer" in r.stderr
+    data = json.loads((Path(env["state"]) / "state.json").read_text())
+    for name, el in data["elements"].items():
+        cmd = el["started"]["command"]
+        assert "--secure" in cmd and "--keys" in cmd, (name, cmd)
 
 
 def test_status_hosts_pids_load(env):

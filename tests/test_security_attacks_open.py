@@ -7,7 +7,7 @@ that can face a shared network"). Two attacks are fixed and tested in
 and asserts the *secure* behaviour the issue asks for, so it fails until that
 attack is fixed. The tests that need CURVE in the daemons are written against
 the intended command line (``--keys DIR --secure``, ``--parent-key NAME``,
-see :func:`_secure`) and marked xfail until it exists.
+see :func:`_secure`).
 
 Every test starts its own ``gridrpc ma|la|sed`` subprocesses (``ProcTree``,
 stopped by PID at the end), talks raw ZeroMQ where the attacker did, and
@@ -134,7 +134,7 @@ def _http(method: str, url: str, headers: dict | None = None, body: bytes | None
 
 
 def _secure(keys, parent_key: str | None = None) -> list[str]:
-    """The intended daemon options for CURVE (not wired yet: see the xfail marks)."""
+    """The daemon options for CURVE."""
     args = ["--keys", str(keys), "--secure"]
     if parent_key:
         args += ["--parent-key", parent_key]
@@ -324,7 +324,6 @@ def test_rogue_cannot_take_the_name_of_a_live_sed(proc_tree, where):
     assert sed.popen.poll() is None
 
 
-@pytest.mark.xfail(reason="CURVE not wired into the daemons yet", strict=False)
 def test_curve_only_element_keys_register(proc_tree, tmp_path):
     """Attack: a rogue SeD registered under the MA and took other users' calls.
 
@@ -359,7 +358,6 @@ def test_curve_only_element_keys_register(proc_tree, tmp_path):
         assert r is not None and [s["address"] for s in r["servers"]] == [sed.address]
 
 
-@pytest.mark.xfail(reason="CURVE not wired into the daemons yet", strict=False)
 def test_curve_element_key_registers_only_its_own_name(proc_tree, tmp_path):
     """Attack: a rogue took the name of a live SeD. With CURVE, an element
     key (here sed-2's, a real element of the site) may register only the name
@@ -508,7 +506,6 @@ def _forged_user_order(sed_address: str, options_of, claim: str = "newcomer") ->
     return sorted(started, key=started.get)
 
 
-@pytest.mark.xfail(reason="CURVE not wired into the daemons yet", strict=False)
 def test_curve_queue_sees_the_keys_user_not_the_header(proc_tree, tmp_path):
     """Attack: ``user=`` is whatever the sender writes, so the fair
     scheduler's identities are forgeable: a heavy user claiming a fresh name

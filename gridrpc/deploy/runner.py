@@ -148,12 +148,47 @@ class Deployment(StartUp, TearDown, DeploymentState):
             return self.launcher(e.host).host      # the node's name, resolved in the allocation
         return h.address
 
+    @property
+    def keys_dir(self) -> Path:
+        """The key directory of a secure deployment (same path on every host)."""
+        return Path(self.spec.keys_dir).expanduser().resolve() if self.spec.keys_dir else self.state_dir / "keys"
+
+    def ensure_keys(self) -> None:
+        """Create the element keys (and the deploying user's) that are missing."""
+        from ..transport.security import KeyStore
+        store = KeyStore(self.keys_dir)
+        made = []
+        for e in self.spec.elements:
+            if not (store.dir / "elements" / f"{e.name}.key_secret").exists():
+                store.create(e.name, "element", overwrite=True)
+                made.append(e.name)
+        user = self.client_options().get("key")
+        if user and not (store.dir / "users" / f"{user}.key_secret").exists():
+            store.create(user, "user", overwrite=True)
+            made.append(f"user {user}")
+        if made:
+            self.progress(f"created CURVE keys in {store.dir}: {', '.join(made)}")
+
+    def client_options(self) -> dict:
+        """Client keywords for talking to this deployment's MA."""
+        if not self.spec.security:
+            return {}
+        from ..client.aio import default_user
+        user = self.spec.deploy_user or default_user()
+        return {"keys": str(self.keys_dir), "key": user, "user": user, "ma_key": self.spec.ma.name}
+
     def command(self, e: ElementSpec) -> list[str]:
         cmd = [self.python_for(e), "-m", "gridrpc", e.kind, "--name", e.name, "--host", self.bind_host(e),
                "--port", str(e.port), "--hb-interval", str(self.spec.hb_interval),
                "--hb-timeout", str(self.spec.hb_timeout)]
         if e.parent:
             cmd += ["--parent", self.addresses[e.parent]]
+        if self.spec.security:
+            cmd += ["--secure", "--keys", str(self.keys_dir)]
+            if e.parent:
+                cmd += ["--parent-key", e.parent]
+        elif self.spec.allow_insecure:
+            cmd.append("--insecure")
         if e.kind in ("ma", "la"):
             for target in self.spec.aggregator_plugins:
                 cmd += ["--plugin", target]

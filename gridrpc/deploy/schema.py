@@ -31,7 +31,7 @@ Loc = tuple  # path inside the data: ("seds", 0, "port")
 
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
 TOP_KEYS = frozenset({"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout",
-                      "plugins"})
+                      "plugins", "security"})
 MA_KEYS = frozenset({"name", "host", "port", "http_port"})
 LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout"})
 SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
@@ -42,6 +42,7 @@ HOST_KEYS = frozenset({"launcher", "address", "ssh", "user", "port", "key", "kno
                        "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"})
 HEARTBEAT_KEYS = frozenset({"interval", "timeout"})
 PLUGINS_KEYS = frozenset({"aggregators"})
+SECURITY_KEYS = frozenset({"enabled", "keys", "allow_insecure", "user"})
 
 
 # -- YAML with line numbers ------------------------------------------------------
@@ -338,6 +339,17 @@ class PluginsModel(_Model):
     aggregators: Annotated[list[Plugin], BeforeValidator(_none_is_empty_list)] = []
 
 
+class SecurityModel(_Model):
+    #: CurveZMQ on every link; default: on when any host is not loopback
+    enabled: bool | None = None
+    #: the key directory (same path on every host); default: the deployment's state dir + /keys
+    keys: Text | None = None
+    #: needed to turn security off on non-loopback hosts (it is logged loudly)
+    allow_insecure: bool = False
+    #: the user key the deploy command itself uses to talk to the MA (default: the login name)
+    user: Text | None = None
+
+
 class TopModel(_Model):
     name: Text | None = None
     orphan_timeout: Orphan = None
@@ -425,6 +437,7 @@ class Checked:
     top: TopModel | None
     heartbeat: HeartbeatModel | None
     plugins: PluginsModel | None
+    security: SecurityModel | None
     master_agent: MasterAgentModel | None
     local_agents: list[LocalAgentModel | None]
     seds: list[SedModel | None]
@@ -446,6 +459,8 @@ def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[P
     _unknown(data.get("heartbeat"), HEARTBEAT_KEYS, ("heartbeat",), problems)
     plugins = _validate(PluginsModel, data.get("plugins") or {}, ("plugins",), problems)
     _unknown(data.get("plugins"), PLUGINS_KEYS, ("plugins",), problems)
+    security = _validate(SecurityModel, data.get("security") or {}, ("security",), problems)
+    _unknown(data.get("security"), SECURITY_KEYS, ("security",), problems)
 
     hosts: dict[str, HostModel | None] = {}
     raw_hosts = data.get("hosts") or {}
@@ -483,7 +498,8 @@ def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[P
         if isinstance(sed, dict) and kind in ("batch", "cloud"):
             _kind_settings(sed, kind, loc, problems)
 
-    checked = Checked(top=top, heartbeat=hb, plugins=plugins, master_agent=ma, local_agents=las, seds=seds,
+    checked = Checked(top=top, heartbeat=hb, plugins=plugins, security=security, master_agent=ma,
+                      local_agents=las, seds=seds,
                       hosts=hosts)
     _relations(data, checked, problems)
     return checked, problems

@@ -102,6 +102,10 @@ class DeploymentSpec:
     path: str | None = None
     orphan_timeout: object = _UNSET
     aggregator_plugins: tuple = ()     # 'pkg.mod:Class' registered on every agent at start
+    security: bool = False             # CurveZMQ on every link (default: on when a host is not loopback)
+    keys_dir: str | None = None        # the key directory (None: the state directory's keys/)
+    allow_insecure: bool = False       # security off on non-loopback hosts, explicitly
+    deploy_user: str | None = None     # the user key the deploy command uses
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     def host(self, name: str) -> HostSpec:
@@ -200,7 +204,16 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
         elements.append(ElementSpec(name=sed.name, kind="sed", host=sed.host, parent=sed.parent, port=sed.port,
                                     options=options))
     hb = checked.heartbeat
+    sec = checked.security
+    remote = any(not _loopback_host(hosts, e.host) for e in elements)
+    secure = remote if sec.enabled is None else sec.enabled
+    if remote and not secure and not sec.allow_insecure:
+        raise ConfigError(f"{path or name}: security: enabled: false on hosts that are not loopback needs "
+                          "'allow_insecure: true' too (anyone reaching the ports could join the tree and "
+                          "run calls); see docs/security.md")
     spec = DeploymentSpec(name=str(checked.top.name or name), elements=tuple(elements), hosts=hosts,
+                          security=secure, keys_dir=sec.keys, allow_insecure=sec.allow_insecure,
+                          deploy_user=sec.user,
                           aggregator_plugins=tuple(checked.plugins.aggregators),
                           hb_interval=hb.interval, hb_timeout=hb.timeout,
                           path=path, orphan_timeout=_orphan(checked.top, data), raw=data)
@@ -211,3 +224,11 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
 def _key_of(mapping: dict, text: str):
     """The original key (maybe not a str in YAML) whose text is ``text``."""
     return next((k for k in mapping if str(k) == text), text)
+
+
+def _loopback_host(hosts: dict, host: str) -> bool:
+    from ..transport.security import is_loopback
+    if host in LOCAL_HOSTS:
+        return True
+    h = hosts.get(host)
+    return h is not None and h.launcher == "local" and is_loopback(h.address)

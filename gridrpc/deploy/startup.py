@@ -127,6 +127,8 @@ class StartUp:
                                   f"({', '.join(running)}; state in {self.state_dir}); "
                                   "run 'gridrpc deploy down' first")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.security:
+            self.ensure_keys()
         t0 = time.monotonic()
         n = len(self.spec.elements)
         self.progress(f"deploying {self.spec.name!r}: {n} elements on {len(self._hosts_used())} host(s)")
@@ -219,7 +221,7 @@ class StartUp:
         want = self.expected_names()
         deadline = time.monotonic() + self.register_timeout
         last = -1
-        with Client(self.addresses[self.spec.ma.name], discovery_timeout=3) as c:
+        with Client(self.addresses[self.spec.ma.name], discovery_timeout=3, **self.client_options()) as c:
             while True:
                 try:
                     seen = {el["name"] for el in c.tree() if el.get("state", "alive") == "alive"}

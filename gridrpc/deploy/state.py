@@ -150,7 +150,7 @@ class DeploymentState:
         if ma:
             from ..client import Client
             try:
-                with Client(ma, discovery_timeout=3) as c:
+                with Client(ma, discovery_timeout=3, **self.client_options()) as c:
                     tree = {e["name"]: e for e in c.tree()}
             except GridRPCError:
                 tree = {}

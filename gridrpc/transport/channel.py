@@ -70,7 +70,11 @@ def bind_router(address: str, *, mandatory: bool = True,
     if mandatory:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-    _heartbeat_opts(sock)
+    # No ZMQ heartbeats on the bound side: with a bounded receive queue, libzmq
+    # 4.3.5 aborts ("Assertion failed: !_io_error", stream_engine_base.cpp)
+    # when a heartbeat timer fires on a connection whose input was stopped by
+    # the high-water mark. Connecting sides keep them (their queues are
+    # unbounded); the tree's own heartbeats detect dead children.
     for opt, value in (options or {}).items():
         sock.setsockopt(opt, value)
     try:

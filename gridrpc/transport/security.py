@@ -46,6 +46,18 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _Z85_RE = re.compile(r"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 
 
+def is_loopback(host: str) -> bool:
+    """Is ``host`` (a bind address or name) on the loopback interface only?"""
+    import ipaddress
+    h = host.strip("[]")
+    if h in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
 def default_key_dir() -> Path:
     return Path(os.environ.get("GRIDRPC_KEYS") or Path.home() / ".gridrpc" / "keys")
 

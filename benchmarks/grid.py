@@ -25,7 +25,7 @@ MB8 = 8 * 1024 * 1024
 TREE_ITEMS = ("call_discovery", "call_bound", "call_discovery_sync", "call_bound_sync",
               "throughput_bound", "throughput_discovery", "array_8mb")
 # diagnostics (no target): where the time of the items above goes
-DIAG_ITEMS = ("discover_4", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline")
+DIAG_ITEMS = ("discover_4", "discover_4_fanout", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline")
 
 
 class CpuProbe:
@@ -151,6 +151,8 @@ async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str
             res["array_8mb"] = await _bw(c.handle("echo", server=await c.resolve(bound_to)), quick)
         if "discover_4" in items:
             res["discover_4"] = await _seq(lambda: c.discover("add", 3), 50, seq_n, probe)
+        if "discover_4_fanout" in items:       # max_age=0: never from the MA's pushed view
+            res["discover_4_fanout"] = await _seq(lambda: c.discover("add", 3, max_age=0), 50, seq_n, probe)
         if inline:
             srv = await c.resolve(inline)
             ib = c.handle("add", server=srv)

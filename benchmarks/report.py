@@ -128,6 +128,8 @@ ROWS = [
      ("floor_throughput", "ray_throughput", "dask_throughput")),
     ("array_8mb", "gridrpc: 8 MB numpy echo, bound", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
     ("discover_4", "diagnostic: discover(add) alone, 4 SeDs", "lat", ("floor_latency", None, None)),
+    ("discover_4_fanout", "diagnostic: discover(add) alone, 4 SeDs, fan-out (max_age=0)", "lat",
+     ("floor_latency", None, None)),
     ("call_bound_inline", "diagnostic: bound add, SeD --isolation inline", "lat",
      ("floor_latency", "ray_call", "dask_call")),
     ("throughput_bound_inline", "diagnostic: bound throughput, SeD --isolation inline", "rate",

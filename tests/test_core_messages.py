@@ -14,7 +14,7 @@ from gridrpc.errors import ProtocolError
 
 WIRE_TYPES = ["register", "registered", "unregister", "heartbeat", "heartbeat_ack", "discover",
               "servers", "services", "catalogue", "call", "accepted", "result", "cancel",
-              "cancelled", "ping", "pong", "error"]
+              "cancelled", "ping", "pong", "error", "view"]
 
 #: the smallest valid header of each type (besides v, type, id)
 REQUIRED = {
@@ -35,6 +35,7 @@ REQUIRED = {
     "ping": {},
     "pong": {},
     "error": {"error": {"kind": "remote", "type": "ValueError", "message": "m", "traceback": ""}},
+    "view": {"name": "sed-1"},
 }
 
 #: every field each peer sends today (SeD, agents, clients, batch and cloud SeDs)
@@ -58,7 +59,8 @@ FULL = {
                  "args": [{"__t": "nd", "dtype": "<f8", "shape": [3]}, 1, "x"], "names": ["sed-01", "sed-02"]},
     "servers": {"name": "LA1", "servers": [{"name": "sed-1", "address": "tcp://h:1", "estimation": {"eft": 1.0}},
                                            {"name": "sed-2", "address": "tcp://h:2", "estimation": None}],
-                "names": ["sed-1", "sed-2"], "answered": 2, "timed_out": ["sed-3"], "found": True},
+                "names": ["sed-1", "sed-2"], "answered": 2, "timed_out": ["sed-3"], "found": True,
+                "view": True},
     "services": {"tree": True},
     "catalogue": {"services": {"add": {"doc": "", "params": [], "servers": ["sed-1"]}},
                   "servers": {"sed-1": "tcp://h:1", "sed-2": None},
@@ -78,6 +80,8 @@ FULL = {
     "error": {"error": {"kind": "remote", "type": "ValueError", "message": "boom", "traceback": "Tb\n"},
               "server": "sed-1", "name": "LA1", "vm": "c-vm-1", "timing": {"received": 1.0, "started": None},
               "batch": {"job_id": "7"}},
+    "view": {"name": "LA1", "entries": [{"name": "sed-1", "services": {"add": {"eft": 1.0, "num_waiting": 0}},
+                                         "age_ms": 1.5}], "gone": ["sed-2"]},
 }
 
 
@@ -115,7 +119,7 @@ def test_the_required_fields():
         ("register", "name"), ("register", "kind"), ("register", "services"), ("unregister", "name"),
         ("heartbeat", "name"), ("heartbeat_ack", "known"), ("discover", "service"), ("discover", "k"),
         ("servers", "servers"), ("catalogue", "services"), ("call", "service"), ("call", "args"),
-        ("call", "kwargs"), ("error", "error")]
+        ("call", "kwargs"), ("error", "error"), ("view", "name")]
 
 
 @pytest.mark.parametrize("type_, field", REQUIRED_FIELDS)
@@ -191,6 +195,10 @@ BAD = [
     ("ping", "ids", "c-1"), ("ping", "ids", [5]), ("ping", "ids", [".."]), ("ping", "ids", ["a/b"]),
     ("ping", "ids", ["x" * 129]), ("ping", "ids", [None]),
     ("pong", "name", 5), ("pong", "calls", []), ("pong", "calls", {"c-1": 5}), ("pong", "calls", {"../x": "done"}),
+    ("view", "name", "../x"), ("view", "entries", [{"name": "sed-1"}]),
+    ("view", "entries", [{"name": "sed-1", "services": {"add": 5}}]),
+    ("view", "entries", [{"name": "sed-1", "services": {}, "age_ms": -1}]), ("view", "gone", ["a b"]),
+    ("discover", "max_age_ms", -1),
     ("error", "error", []), ("error", "error", {}), ("error", "error", {"kind": 5}),
     ("error", "error", {"kind": "remote", "message": 5}), ("error", "error", {"kind": "remote", "traceback": 5}),
     ("error", "error", {"kind": "remote", "type": []}), ("error", "error", {"kind": "x" * 257}),

@@ -91,7 +91,9 @@ def test_sigstop_la_during_discovery(proc_tree):
         la2.signal(signal.SIGSTOP)
         try:
             t = time.monotonic()
-            servers = c.discover("add", 10)
+            # max_age=0: a fan-out (from the MA's view b1 and b2, alive and reachable
+            # by clients, stay discoverable while their pushed state is fresh)
+            servers = c.discover("add", 10, max_age=0)
             elapsed = time.monotonic() - t
             assert {s.name for s in servers} == {"a1", "a2"}
             assert elapsed < 1.5                    # bounded by the discovery budget, not blocked

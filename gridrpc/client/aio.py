@@ -142,13 +142,18 @@ class AsyncClient:
             self._pending.pop(header["id"], None)
 
     async def discover(self, service: str, max_servers: int = 10, *, aggregator: Any = None,
-                       args: tuple = (), optional: bool = False) -> list[ServerInfo]:
-        """Ranked servers (best first) offering ``service``: min(max_servers, available)."""
+                       args: tuple = (), optional: bool = False,
+                       max_age: float | None = None) -> list[ServerInfo]:
+        """Ranked servers (best first) offering ``service``: min(max_servers, available).
+        ``max_age``: seconds the MA's pushed view may be old to answer from
+        it (0: always ask the servers, a fan-out); None: the MA's default."""
         o = self.options
         h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(max_servers), user=self.user,
                    aggregator=aggregator if aggregator is not None else o.aggregator,
                    budget_ms=o.budget * 1000, optional=bool(optional),
                    args=[codec.light_description(a) for a in args])
+        if max_age is not None:
+            h["max_age_ms"] = max(0.0, float(max_age)) * 1000.0
         mt, r = await self._ma_request(h, o.discovery_timeout)
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])

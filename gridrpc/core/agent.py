@@ -45,6 +45,8 @@ from .discovery import DiscoveryTable, Done
 from .fields import MAX_K
 from .messages import MsgType
 from .tree import ChildRegistry
+from .view import (DEADLINE_FACTOR, DEADLINE_FLOOR, DEFAULT_MAX_AGE, PUSH_INTERVAL, ChildLatency, SubtreeView,
+                   candidates, power_of_two)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,12 @@ class AgentConfig:
     hb_timeout: float = 3.0         # a child silent this long is dropped
     discovery_budget: float = 2.0   # seconds, when a request gives none
     max_discoveries_per_peer: int = 512   # in flight from one connection; more are refused at once
+    view: bool = True               # the root answers from pushed state when it is fresh (core/view.py)
+    view_max_age: float = DEFAULT_MAX_AGE   # seconds a pushed snapshot counts as fresh
+    push_interval: float = PUSH_INTERVAL    # an LA pushes its children's snapshots up at most this often
+    deadline_floor: float = DEADLINE_FLOOR  # a fan-out waits for a child min(budget, max(floor, factor*p95))
+    deadline_factor: float = DEADLINE_FACTOR
+    silent_probe: float = 1.0       # a child that missed its deadline is left out of view answers this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +101,9 @@ class AgentStatistics:
     bad_messages: int               # refused at the boundary
     answers_ignored: int            # late, duplicate or stranger SERVERS
     children_lost: int
+    view_answers: int = 0           # discoveries answered from the pushed view (no fan-out)
+    view_snapshots: int = 0         # SeD snapshots in the view
+    view_updates: int = 0           # snapshots received
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -106,6 +117,7 @@ class _Counters:
     bad_messages: int = 0
     answers_ignored: int = 0
     children_lost: int = 0
+    view_answers: int = 0
 
 
 class AgentState:
@@ -129,7 +141,11 @@ class AgentState:
         self._inflight: dict[bytes, int] = {}   # discoveries in flight per asking connection
         self._sweep_interval = config.hb_interval / 2
         self._lost_after = config.hb_interval * 2.5
+        self.view = SubtreeView(config.push_interval)
+        self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
+        self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
         self._on_peer = {
+            MsgType.VIEW: self._on_view,
             MsgType.DISCOVER: self._on_discover, MsgType.SERVERS: self._on_servers,
             MsgType.HEARTBEAT: self._on_heartbeat, MsgType.REGISTER: self._on_register,
             MsgType.UNREGISTER: self._on_unregister, MsgType.SERVICES: self._on_services,
@@ -138,7 +154,7 @@ class AgentState:
 
     #: message types the agent handles on its endpoint (others get an error reply)
     HANDLED = (MsgType.DISCOVER, MsgType.SERVERS, MsgType.HEARTBEAT, MsgType.REGISTER,
-               MsgType.UNREGISTER, MsgType.SERVICES, MsgType.PING, MsgType.ERROR)
+               MsgType.UNREGISTER, MsgType.SERVICES, MsgType.PING, MsgType.ERROR, MsgType.VIEW)
 
     # -- the one way in ------------------------------------------------------
     def handle(self, event: object, now: float) -> list:
@@ -167,7 +183,10 @@ class AgentState:
         """When the next :class:`Tick` is due (None: nothing to wait for)."""
         d = self.discoveries.next_deadline()
         if self.registry.children and (d is None or self._next_sweep < d):
-            return self._next_sweep
+            d = self._next_sweep
+        f = self.view.flush_at
+        if f is not None and self._pushes_up() and (d is None or f < d):
+            d = f
         return d
 
     # -- children --------------------------------------------------------------
@@ -190,6 +209,8 @@ class AgentState:
     def _on_heartbeat(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         known = self.registry.heartbeat(peer, h, now, user)
         out = [Send(peer, m.make(MsgType.HEARTBEAT_ACK, h["id"], known=known))]
+        if known and h["name"] in self.view.seds:
+            self.view.refresh(h["name"], (h["name"],), now)     # a SeD pushes every change: unchanged
         if known:
             out.append(self._updated())
         return out
@@ -216,8 +237,10 @@ class AgentState:
         else:
             log.info("%s: child %s left", self.name, name)
         out: list = [ChildLost(name, reason)]
+        self.view.drop_via(name, now)
+        self.latency.forget(name)
         for done in self.discoveries.child_lost(name, now):
-            out.extend(self._finish(done))
+            out.extend(self._finish(done, now))
         out.append(self._updated())
         return out
 
@@ -227,12 +250,92 @@ class AgentState:
             self.wall_offset = ev.wall - now
         out: list = []
         for done in self.discoveries.expire(now):
-            out.extend(self._finish(done))
+            out.extend(self._finish(done, now))
         if now >= self._next_sweep:
             self._next_sweep = now + self._sweep_interval
             for name in self.registry.expire(now, self.config.hb_timeout):
                 out.extend(self._lost(name, "silent", now))
+            self.view.expire(now, self.config.hb_timeout)
+        f = self.view.flush_at
+        if f is not None and now >= f:
+            if self._pushes_up():
+                out.append(SendParent(m.make(MsgType.VIEW, f"{self.name}:v{self._next_seq()}", name=self.name,
+                                             **self.view.take(now))))
+            else:
+                self.view.take(now)             # the root keeps no delta
         return out
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _pushes_up(self) -> bool:
+        return not self.role.root and self.config.parent is not None
+
+    # -- pushed state ----------------------------------------------------------------
+    def offers(self) -> tuple[dict, dict]:
+        """From the registry (never from a push): service -> {SeD name:
+        (address, child it is under)}, and SeD name -> that child."""
+        reg = self.registry
+        if self._offers is None or self._offers[0] != reg.version:
+            by_service: dict[str, dict] = {}
+            owner: dict[str, str] = {}
+            keys: dict[str, str] = {}
+            for c in reg.children.values():
+                if c.info.get("kind") == "sed":
+                    owner[c.name] = c.name
+                    if c.info.get("public_key"):
+                        keys[c.name] = c.info["public_key"]
+                    for svc in c.services:
+                        by_service.setdefault(svc, {})[c.name] = (c.info.get("address"), c.name)
+                for e in c.elements:
+                    if e.get("kind") == "sed" and isinstance(e.get("name"), str):
+                        owner[e["name"]] = c.name
+                        if isinstance(e.get("public_key"), str):
+                            keys[e["name"]] = e["public_key"]
+                        for svc in e.get("services") or ():
+                            by_service.setdefault(svc, {})[e["name"]] = (e.get("address"), c.name)
+            self._offers = (reg.version, by_service, owner, keys)
+        return self._offers[1], self._offers[2]
+
+    def public_keys(self) -> dict[str, str]:
+        """SeD name -> its CURVE public key (from the registry), for answers."""
+        self.offers()
+        return self._offers[3]
+
+    def _on_view(self, peer: bytes, h: dict, now: float) -> list:
+        name = h["name"]
+        child = self.registry.children.get(name)
+        if child is None or child.route != peer:       # only a registered child, for its own subtree
+            self.counters.answers_ignored += 1
+            return []
+        self.view.update(name, h.get("entries") or (), h.get("gone") or (), now, self.offers()[1])
+        if h.get("fresh"):
+            self.view.refresh(name, h["fresh"], now)
+        return []
+
+    def _view_answer(self, h: dict, service: str, k: int, agg, now: float) -> dict | None:
+        max_age = h.get("max_age_ms")
+        max_age = self.config.view_max_age if max_age is None else max_age / 1000.0
+        if max_age <= 0 or k <= 0:
+            return None
+        expected = self.offers()[0].get(service)
+        if not expected:
+            return None
+        skip = self.latency.silent(now - self.config.silent_probe) if self.latency.missed else frozenset()
+        servers = candidates(self.view, expected, service, now, max_age, skip)
+        if not servers:
+            return None
+        servers = self.discoveries.with_recent_since(servers, now)
+        ranked = power_of_two(agg.rank(servers, self.discoveries.rng), k, self.discoveries.rng)
+        if ranked:
+            self.discoveries.remember_choice(ranked[0]["name"], now)
+        keys = self.public_keys()
+        if keys:                                  # under CURVE clients pin the SeD's key from the answer
+            ranked = [dict(s, public_key=keys[s["name"]]) if s["name"] in keys else s for s in ranked]
+        self.counters.view_answers += 1
+        return m.make(MsgType.SERVERS, h["id"], name=self.name, servers=ranked, answered=len(servers),
+                      timed_out=[], view=True)
 
     # -- discovery -------------------------------------------------------------------
     def _on_discover(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
@@ -269,7 +372,12 @@ class AgentState:
             err = self.role.no_offer(rid, service)
             if err is not None:
                 return [self._to(reply_to, err)]
+        if self.role.root and self.config.view and children:
+            header = self._view_answer(h, service, k, agg, now)
+            if header is not None:
+                return [self._to(reply_to, header)]
         budget = discovery_budget(h.get("budget_ms"), self.config.discovery_budget)
+        budget = max(MIN_BUDGET_S, self.latency.deadline(children, budget))   # a silent child costs ms
         self._seq += 1
         fid = f"{self.name}:{self._seq}"
         fwd = dict(h, id=fid, budget_ms=child_budget_ms(budget), k=k)
@@ -285,7 +393,7 @@ class AgentState:
             self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
         done = self.discoveries.start(fid, (reply_to, rid, service, k), children, k, agg, now + budget, now)
         if done is not None:
-            out.extend(self._finish(done))
+            out.extend(self._finish(done, now))
         return out
 
     def _on_servers(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
@@ -294,12 +402,18 @@ class AgentState:
         if child is None or child.route != peer:        # only the asked child answers for itself
             self.counters.answers_ignored += 1
             return []
+        p = self.discoveries.pending.get(h["id"])
+        if p is not None:
+            names = h.get("names")
+            for n in (names if names else (name,)):
+                if n in p.waiting:
+                    self.latency.observe(n, now - p.started)
         done = self.discoveries.answer(h["id"], name, h["servers"], now, h.get("names"))
         if done is None:
             if h["id"] not in self.discoveries.pending:
                 self.counters.answers_ignored += 1
             return []
-        return self._finish(done)
+        return self._finish(done, now)
 
     def _on_error(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         """A child could not answer a discovery (e.g. an aggregator it does
@@ -311,15 +425,15 @@ class AgentState:
         log.info("%s: child %s could not answer discovery %s: %s", self.name, name, h["id"],
                  h["error"].get("message", ""))
         done = self.discoveries.answer(h["id"], name, [], now)
-        return self._finish(done) if done is not None else []
+        return self._finish(done, now) if done is not None else []
 
     def _send_failed(self, send: Send, now: float) -> list:
         if not send.children:
             return []
         done = self.discoveries.drop(send.header.get("id", ""), list(send.children), now)
-        return self._finish(done) if done is not None else []
+        return self._finish(done, now) if done is not None else []
 
-    def _finish(self, done: Done) -> list:
+    def _finish(self, done: Done, now: float | None = None) -> list:
         reply_to, rid, service, k = done.reply_to
         if reply_to[0] == "peer":
             left = self._inflight.get(reply_to[1], 0) - 1
@@ -329,6 +443,9 @@ class AgentState:
                 self._inflight.pop(reply_to[1], None)
         if done.timed_out:
             self.counters.discoveries_timed_out += 1
+            if now is not None:
+                for n in done.timed_out:
+                    self.latency.miss(n, now)
             log.info("%s: discovery %s for %s: no answer in time from %s", self.name, rid, service,
                      ", ".join(done.timed_out))
         header = self.role.finished(rid, service, k, done)
@@ -396,7 +513,8 @@ class AgentState:
             pending_discoveries=len(self.discoveries.pending), discoveries=c.discoveries,
             discoveries_timed_out=c.discoveries_timed_out, discoveries_refused=c.discoveries_refused,
             bad_messages=c.bad_messages,
-            answers_ignored=c.answers_ignored, children_lost=c.children_lost)
+            answers_ignored=c.answers_ignored, children_lost=c.children_lost, view_answers=c.view_answers,
+            view_snapshots=len(self.view.seds), view_updates=self.view.updates)
 
 
 __all__ = ["CHILD_MARGIN_MS", "CHILD_SHARE", "MAX_BUDGET_S", "MIN_BUDGET_S", "MIN_CHILD_BUDGET_MS", "Done",

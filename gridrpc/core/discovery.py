@@ -25,6 +25,7 @@ class Pending:
     deadline: float
     servers: list[dict] = field(default_factory=list)
     answered: int = 0
+    started: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class DiscoveryTable:
     def start(self, id_: str, reply_to: object, children: list[str], k: int,
               aggregator: Aggregator, deadline: float, now: float = 0.0) -> Done | None:
         p = Pending(id=id_, reply_to=reply_to, waiting=set(children), k=k,
-                    aggregator=aggregator, deadline=deadline)
+                    aggregator=aggregator, deadline=deadline, started=now)
         if not p.waiting:
             return self._finish(p, now)
         self.pending[id_] = p
@@ -127,6 +128,32 @@ class DiscoveryTable:
             self.recent.setdefault(ranked[0]["name"], collections.deque()).append(now)
         return Done(id=p.id, reply_to=p.reply_to, servers=ranked, answered=p.answered,
                     timed_out=sorted(p.waiting))
+
+    def remember_choice(self, name: str, now: float) -> None:
+        """A first choice made elsewhere (an answer from the view)."""
+        if self.remember:
+            self.recent.setdefault(name, collections.deque()).append(now)
+
+    def with_recent_since(self, servers: list[dict], now: float) -> list[dict]:
+        """As :meth:`_with_recent`, for snapshots of the view: a server's
+        ``_at`` (when its snapshot was taken) hides the choices made before
+        it (the snapshot already shows their calls). Drops ``_at``."""
+        horizon = now - self.memory
+        out = []
+        for s in servers:
+            at = s.pop("_at", None)
+            ts = self._recent_times(s["name"], horizon) if self.remember else ()
+            n = sum(1 for t in ts if at is None or t > at) if ts else 0
+            if n:
+                est = dict(s["estimation"]) if isinstance(s.get("estimation"), dict) else {}
+                since = now - ts[-1]
+                tsls = est.get("time_since_last_solve")
+                est["time_since_last_solve"] = since if not isinstance(tsls, (int, float)) else min(tsls, since)
+                nw = est.get("num_waiting")
+                est["num_waiting"] = (nw if isinstance(nw, (int, float)) and not isinstance(nw, bool) else 0) + n
+                s["estimation"] = est
+            out.append(s)
+        return out
 
     def _recent_times(self, name: str, horizon: float):
         ts = self.recent.get(name)

@@ -198,6 +198,22 @@ ELEMENT_INFO = [("address", False, *string(ADDRESS)), ("host", False, *string(25
                 ("load", False, *obj(MAX_KEYS)), ("elements", False, *list_of(ELEMENT, MAX_ITEMS))]
 
 
+def _view_entry(v: object) -> bool:
+    if type(v) is not dict:
+        return False
+    name, services, age = v.get("name"), v.get("services"), v.get("age_ms")
+    return (type(name) is str and _name_match(name) is not None
+            and type(services) is dict and len(services) <= MAX_KEYS
+            and all(type(s) is str and len(s) <= SHORT and type(e) is dict and len(e) <= MAX_KEYS
+                    for s, e in services.items())
+            and (age is None or ((type(age) is float or type(age) is int) and 0 <= age <= 1e9))
+            and (v.get("common") is None or (type(v["common"]) is dict and len(v["common"]) <= MAX_KEYS)))
+
+
+VIEW_ENTRY = (_view_entry, "a snapshot {\"name\": element name, \"services\": {service: estimation}, "
+                           "\"age_ms\": number}")
+
+
 def _fields(*specs) -> tuple:
     return tuple((name, required, check, what) for name, required, check, what in specs)
 
@@ -214,10 +230,12 @@ BY_TYPE: dict[str, tuple] = {
                         ("aggregator", False, *AGGREGATOR), ("budget_ms", False, *number(0, MAX_BUDGET_MS)),
                         ("user", False, *TEXT_SHORT), ("optional", False, *BOOL),
                         ("args", False, *list_of(ANY, MAX_ITEMS)),
-                        ("names", False, *list_of(NAME, MAX_ITEMS))),
+                        ("names", False, *list_of(NAME, MAX_ITEMS)),
+                        ("max_age_ms", False, *number(0, MAX_BUDGET_MS))),
     "servers": _fields(("servers", True, *list_of(SERVER, MAX_ITEMS)), ("name", False, *NAME),
                        ("names", False, *list_of(NAME, MAX_ITEMS)), ("answered", False, *integer(0, 2**31)),
-                       ("timed_out", False, *list_of(NAME, MAX_ITEMS)), ("found", False, *BOOL)),
+                       ("timed_out", False, *list_of(NAME, MAX_ITEMS)), ("found", False, *BOOL),
+                       ("view", False, *BOOL)),
     "services": _fields(("tree", False, *BOOL)),
     "catalogue": _fields(("services", True, *mapping(TEXT_SHORT, DICT, MAX_ITEMS)),
                          ("servers", False, *mapping(NAME, string(ADDRESS), MAX_ITEMS)),
@@ -232,6 +250,8 @@ BY_TYPE: dict[str, tuple] = {
     "cancelled": _fields(("state", False, *TEXT_SHORT)),
     "ping": _fields(("ids", False, *list_of(ID, MAX_ITEMS))),
     "pong": _fields(("name", False, *NAME), ("calls", False, *mapping(ID, TEXT_SHORT, MAX_ITEMS))),
+    "view": _fields(("name", True, *NAME), ("entries", False, *list_of(VIEW_ENTRY, MAX_ITEMS)),
+                    ("gone", False, *list_of(NAME, MAX_ITEMS)), ("fresh", False, *list_of(NAME, MAX_ITEMS))),
     "error": _fields(("error", True, *ERROR), ("server", False, *NAME), ("name", False, *NAME),
                      ("timing", False, *TIMING), ("batch", False, *obj(MAX_KEYS)), ("vm", False, *TEXT_SHORT)),
 }

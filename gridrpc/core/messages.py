@@ -52,6 +52,8 @@ class MsgType(str, enum.Enum):
     PING = "ping"
     PONG = "pong"                    # calls: {id: state} for ids asked in ping
     ERROR = "error"                  # error: {kind, type, message, traceback}
+    # pushed state (child -> parent): snapshots of SeDs' request-independent estimations
+    VIEW = "view"                    # name, entries: [{name, services: {service: vector}, age_ms}], gone
 
 
 _BY_VALUE = {m.value: m for m in MsgType}

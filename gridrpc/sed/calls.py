@@ -206,6 +206,7 @@ class CallsMixin:
             elif isinstance(a, Drop):
                 self.answer(a.call, m.error_header(a.call.id, "cancelled", "call cancelled while queued",
                                                    **self.timing(a.call)), ok=False)
+        self._view_changed(r)
         wake = self.lifecycle.next_wakeup(r.name, time.time())
         if wake is not None:
             if r.timer is not None:

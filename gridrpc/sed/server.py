@@ -36,6 +36,7 @@ from ..core.messages import MsgType
 from ..transport.security import Security
 from ..core.queue import SedScheduler, make_policy
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
+from ..core.view import PushRule, split_common
 from ..errors import ConfigError
 from ..transport.channel import host_of
 from ..transport.endpoint import Endpoint
@@ -49,6 +50,7 @@ __all__ = ["SeD", "Replica", "DEFAULT_MAX_MESSAGE"]
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_MESSAGE = 512 * 1024 * 1024
+FRAME_MARGIN = 16 * 1024 * 1024
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Replica:
     completed: int = 0
     failed: int = 0
     timer: asyncio.TimerHandle | None = None
+    push: PushRule = field(default_factory=PushRule)       # when its snapshot goes to the parent
+    push_timer: asyncio.TimerHandle | None = None
 
 
 class SeD(CallsMixin):
@@ -120,7 +124,9 @@ class SeD(CallsMixin):
                             else None)
         self.endpoint = Endpoint(name, address, {MsgType.CALL: self._on_call, MsgType.CANCEL: self._on_cancel,
                                                  MsgType.PING: self._on_ping}, what=f"SeD {name}",
-                                 max_message_size=max_message_size, security=security)
+                                 # frames a bit over the limit still arrive and get a clear
+                                 # 'too_large' answer; far bigger ones are cut at the socket
+                                 max_message_size=max_message_size + FRAME_MARGIN, security=security)
         self.address: str | None = None
         self.host = HostInfo()
         self._tasks: list[asyncio.Task] = []
@@ -156,24 +162,30 @@ class SeD(CallsMixin):
 
     # -- services -------------------------------------------------------
     def service(self, name: str | None = None, *, estimate: Callable | None = None, doc: str | None = None,
-                aggregator: Any = None):
+                aggregator: Any = None, estimate_uses_args: bool | None = None):
         """Decorator: ``@sed.service("add")``. ``estimate(vector, args)`` may
         return a dict of tags that add to or override the standard ones.
         ``aggregator`` (a name or ``{"name", "params"}``) ranks this service's
         servers when a request names none; agents honour it only if the name
-        is registered on them (built-ins and the operator's plugins)."""
+        is registered on them (built-ins and the operator's plugins).
+        ``estimate_uses_args=False``: ``estimate`` does not read the request's
+        arguments, so the service's estimation is pushed and discoveries are
+        answered from the agents' view (a service with its own ``estimate``
+        is taken as request-dependent otherwise: always a fan-out)."""
         if callable(name):  # used as @sed.service without parentheses
             fn, name = name, None
             self.add_service(fn.__name__, fn)
             return fn
 
         def deco(fn):
-            self.add_service(name or fn.__name__, fn, estimate=estimate, doc=doc, aggregator=aggregator)
+            self.add_service(name or fn.__name__, fn, estimate=estimate, doc=doc, aggregator=aggregator,
+                             estimate_uses_args=estimate_uses_args)
             return fn
         return deco
 
     def add_service(self, name: str, fn: Callable | str, *, estimate: Callable | None = None,
-                    doc: str | None = None, aggregator: Any = None) -> None:
+                    doc: str | None = None, aggregator: Any = None,
+                    estimate_uses_args: bool | None = None) -> None:
         """``fn`` is a callable or ``"module:function"``. On a back-end running
         calls elsewhere (batch jobs, VMs) a ``module:function`` that cannot be
         imported here is still offered, without argument checks."""
@@ -195,6 +207,8 @@ class SeD(CallsMixin):
                      self.name, fn, exc, ex.where)
             svc = Service(name=name, fn=_runs_elsewhere, doc=doc or f"{fn} ({ex.where})", estimate=estimate,
                           aggregator=aggregator)
+        if estimate_uses_args is not None:
+            svc.estimate_uses_args = estimate_uses_args
         self.services[svc.name] = svc
         self.functions[svc.name] = svc.fn
         ex.services_changed(svc.name, fn)
@@ -257,6 +271,8 @@ class SeD(CallsMixin):
         for r in self.replicas.values():
             if r.timer:
                 r.timer.cancel()
+            if r.push_timer:
+                r.push_timer.cancel()
             if r.link:
                 await r.link.aclose()
         self.endpoint.close()
@@ -274,7 +290,46 @@ class SeD(CallsMixin):
         run_daemon(self)
 
     # -- tree -----------------------------------------------------------
+    # -- pushed state (discovery from the view, gridrpc.core.view) --------------
+    def _view_changed(self, r: Replica) -> None:
+        """The replica's queue changed: push its snapshot soon (coalesced)."""
+        if r.link is None or self._closing:
+            return
+        sch = r.scheduler
+        running = len(sch.running)
+        key = (running >= sch.max_concurrent, running, len(sch.requests) - running)
+        at = r.push.changed(key, key[0], time.monotonic())
+        if at is not None:
+            if r.push_timer is not None:
+                r.push_timer.cancel()
+            r.push_timer = asyncio.get_running_loop().call_later(max(0.0, at - time.monotonic()),
+                                                                 self._push_view, r, False)
+
+    def _push_view(self, r: Replica, force: bool = True) -> None:
+        """Send the replica's snapshot: the estimation of every service whose
+        estimation does not depend on the request (the parent's view).
+        Not ``force``d (a coalesced change): nothing if the load came back
+        to what was pushed last (a call shorter than the coalescing delay)."""
+        r.push_timer = None
+        if r.link is None or self._closing or not getattr(self.execution, "push_estimation", False):
+            return
+        sch = r.scheduler
+        running = len(sch.running)
+        key = (running >= sch.max_concurrent, running, len(sch.requests) - running)
+        if not force and key == r.push.pushed:
+            r.push.due = None
+            return
+        r.push.done(key)
+        vectors = {s.name: self.estimate(r, s, []) for s in self.services.values() if s.pushed}
+        if not vectors:
+            return
+        common, own = split_common(vectors)
+        r.link.send(m.make(MsgType.VIEW, f"{r.name}:v{r.completed}", name=r.name,
+                           entries=[{"name": r.name, "common": common, "services": own, "age_ms": 0}]))
+
     def _register_info(self, r: Replica) -> dict:
+        if r.link is not None and not self._closing:       # after the REGISTER: the parent knows us then
+            asyncio.get_running_loop().call_soon(self._push_view, r)
         info = {"kind": "sed", "address": self.address, "host": host_of(self.address) or socket.gethostname(),
                 "pid": os.getpid(), "started": self.started,
                 "services": [s.describe() for s in self.services.values()], "load": self._load(r)}

@@ -28,6 +28,13 @@ class Service:
     estimate: Callable[[dict, list], dict | None] | None = None
     signature: inspect.Signature | None = None
     aggregator: Any = None          # default aggregator for this service (name or spec)
+    estimate_uses_args: bool | None = None  # None: True iff it has its own ``estimate``
+
+    @property
+    def pushed(self) -> bool:
+        """Its estimation does not depend on a request's arguments: pushed to
+        the parent, and discoveries may be answered from the view."""
+        return self.estimate is None or self.estimate_uses_args is False
 
     def describe(self) -> dict:
         d = {"name": self.name, "doc": self.doc, "params": self.params}

@@ -146,6 +146,7 @@ class BaseBackend:
     copy_args = True
     remote = False
     where = "in the SeD"
+    push_estimation = True      # the estimation does not depend on the user: pushed (discovery from the view)
     sed: "SeD"
 
     def bind(self, sed: "SeD") -> None:

@@ -79,6 +79,7 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
     name: ClassVar[str] = "batch"
     server_type = "batch"
     remote = True
+    push_estimation = False     # estimations depend on the user (per-user run-time history): fan-out
     where = "batch jobs"
 
     def __init__(self, sed_name: str, config: BatchConfig, scheduler: BatchBackend) -> None:

@@ -1,0 +1,324 @@
+"""Discovery from pushed state (pure): an agent's view of its subtree, the
+SeD's push rule, and per-child answer latencies.
+
+Servers push, schedulers decide locally (Sparrow, SOSP 2013; Ray's resource
+view). A SeD pushes the request-independent part of its estimation vector
+(one snapshot per replica: ``{service: vector}``) to its parent when it
+changes materially, coalesced, and again with every heartbeat
+(:class:`PushRule`). An agent keeps the latest snapshot of every SeD of its
+subtree (:class:`SubtreeView`); a Local Agent pushes the changed snapshots
+up in batches (at most one VIEW message every ``push_interval``), so the
+Master Agent's inbound rate grows with the number of its children, not of
+the SeDs. Ages travel, never clocks: a snapshot carries ``age_ms`` and each
+agent dates it in its own clock on receipt.
+
+The Master Agent answers a discovery from the view (:func:`view_answer`)
+when every SeD of the subtree offering the service has a snapshot fresher
+than the bound (the request's ``max_age_ms`` or the agent's default); a
+service whose estimation depends on the request's arguments is never
+pushed, so it always falls back to the fan-out. The answer is ranked by the
+same aggregator as a fan-out; then near-equal candidates at the top are
+split by a power-of-two random choice (:func:`power_of_two`) so that many
+clients, or several agents with slightly stale views, do not herd.
+
+:class:`ChildLatency` learns how long each child takes to answer a fan-out:
+the fan-out waits for a child at most ``min(budget, max(floor, factor ×
+p95))``; a child that never answered is given the pooled estimate of its
+siblings, so a silent child costs milliseconds, not the whole budget.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+DEFAULT_MAX_AGE = 1.5           # s: a snapshot is fresh for 1.5 heartbeat periods (pushed on every change)
+PUSH_INTERVAL = 0.002           # s: a SeD / an LA pushes at most this often on a busy<->free change
+SLOW_PUSH_INTERVAL = 0.05       # s: other load changes (queue length under load) are coalesced longer
+DEADLINE_FLOOR = 0.05           # s: never wait less for a child (a noisy machine's hiccup)
+DEADLINE_FACTOR = 4.0           # times the child's p95 answer latency
+LATENCY_SAMPLES = 32
+
+#: tags that change with time or by a little without the server changing:
+#: tolerances under which two vectors are "near-equal" (absolute; ``rel``: relative)
+_VOLATILE = {"time_since_last_solve": None, "eft": 0.002, "est_wait": 0.002, "free_cpu": 0.1,
+             "free_mem": ("rel", 0.1), "tcomp": ("rel", 0.1)}
+
+
+# -- the SeD side ---------------------------------------------------------------
+class PushRule:
+    """When a SeD replica pushes its snapshot: a change of whether it has a
+    free slot is pushed after ``fast`` (coalesced), any other change of its
+    load after ``slow``; nothing when the load is what was pushed last. The
+    runtime also pushes with every heartbeat (``refresh``)."""
+
+    __slots__ = ("fast", "slow", "pushed", "due")
+
+    def __init__(self, fast: float = PUSH_INTERVAL, slow: float = SLOW_PUSH_INTERVAL) -> None:
+        self.fast, self.slow = fast, slow
+        self.pushed: tuple | None = None        # load key last pushed
+        self.due: float | None = None
+
+    def changed(self, key: tuple, busy: bool, now: float) -> float | None:
+        """The load is now ``key`` (``busy``: no free slot). Returns when a
+        push is due (None: nothing to push or already scheduled earlier)."""
+        if key == self.pushed:
+            return None
+        was_busy = self.pushed[0] if self.pushed is not None else None
+        at = now + (self.fast if busy != was_busy else self.slow)
+        if self.due is not None and self.due <= at:
+            return None
+        self.due = at
+        return at
+
+    def done(self, key: tuple) -> None:
+        self.pushed = key
+        self.due = None
+
+
+# -- an agent's view ------------------------------------------------------------
+@dataclass(slots=True)
+class Snapshot:
+    name: str                       # the SeD (replica)
+    via: str                        # the child of this agent it came through
+    common: dict                    # tags shared by all its services
+    services: dict                  # service -> its own tags (over ``common``)
+    at: float                       # when the vector was taken, in this agent's clock
+    seen: float                     # when it was last confirmed (a push or a heartbeat)
+
+    def vector(self, service: str) -> dict | None:
+        own = self.services.get(service)
+        return None if own is None else {**self.common, **own}
+
+
+def split_common(vectors: dict) -> tuple[dict, dict]:
+    """``{service: vector}`` -> (tags equal in all, ``{service: the others}``):
+    what a SeD sends (most tags are the host's and the queue's)."""
+    it = iter(vectors.values())
+    first = next(it, None)
+    if first is None:
+        return {}, {}
+    common = dict(first)
+    for v in it:
+        for tag in [t for t, x in common.items() if v.get(t, common) != x]:
+            del common[tag]
+    return common, {s: {t: x for t, x in v.items() if t not in common} for s, v in vectors.items()}
+
+
+class SubtreeView:
+    """The latest snapshot of every SeD of the subtree, and what changed
+    since the last push to the parent."""
+
+    def __init__(self, push_interval: float = PUSH_INTERVAL) -> None:
+        self.push_interval = push_interval
+        self.seds: dict[str, Snapshot] = {}
+        self.dirty: set[str] = set()            # to push up: a snapshot, or gone if absent
+        self.fresh: set[str] = set()            # to push up: confirmed unchanged
+        self.flush_at: float | None = None
+        self.updates = 0                        # snapshots accepted
+        self.refused = 0                        # snapshots of SeDs not in the sender's subtree
+
+    def update(self, via: str, entries: list, gone: list, now: float, owner_of: dict) -> None:
+        """Snapshots pushed by child ``via``. ``owner_of``: SeD name -> the
+        child whose subtree holds it; a child speaks only for its own subtree."""
+        for e in entries:
+            if type(e) is not dict:
+                continue
+            name, services = e.get("name"), e.get("services")
+            if owner_of.get(name) != via or type(services) is not dict:
+                self.refused += 1
+                continue
+            common = e.get("common")
+            at = now - _age(e.get("age_ms"))
+            self.seds[name] = Snapshot(name, via, common if type(common) is dict else {},
+                                       {s: v for s, v in services.items() if type(v) is dict}, at, at)
+            self.updates += 1
+            self._dirty(name, now)
+        for name in gone:
+            snap = self.seds.get(name)
+            if snap is not None and snap.via == via:
+                del self.seds[name]
+                self._dirty(name, now)
+
+    def refresh(self, via: str, names, now: float, age_ms: object = 0) -> None:
+        """SeDs under ``via`` are alive and unchanged (a heartbeat; a child's ``fresh`` list)."""
+        seen = now - _age(age_ms)
+        for name in names:
+            s = self.seds.get(name)
+            if s is not None and s.via == via and seen > s.seen:
+                s.seen = seen
+                self.fresh.add(name)
+                if self.flush_at is None:
+                    self.flush_at = now + self.push_interval
+
+    def drop_via(self, via: str, now: float) -> None:
+        for name in [n for n, s in self.seds.items() if s.via == via]:
+            del self.seds[name]
+            self._dirty(name, now)
+
+    def expire(self, now: float, timeout: float) -> None:
+        """Forget snapshots older than ``timeout`` (a SeD that died under a
+        child leaves the view within the heartbeat timeout)."""
+        for name in [n for n, s in self.seds.items() if now - s.seen > timeout]:
+            del self.seds[name]
+            self._dirty(name, now)
+
+    def _dirty(self, name: str, now: float) -> None:
+        self.dirty.add(name)
+        if self.flush_at is None:
+            self.flush_at = now + self.push_interval
+
+    def take(self, now: float) -> dict:
+        """The batch to push to the parent (the VIEW fields): changed
+        snapshots with their age, SeDs confirmed unchanged (``fresh``), SeDs gone."""
+        entries, gone = [], []
+        for name in self.dirty:
+            s = self.seds.get(name)
+            if s is None:
+                gone.append(name)
+            else:
+                entries.append({"name": name, "common": s.common, "services": s.services,
+                                "age_ms": max(0.0, (now - s.at) * 1000.0)})
+        fresh = [n for n in self.fresh if n not in self.dirty and n in self.seds]
+        self.dirty.clear()
+        self.fresh.clear()
+        self.flush_at = None
+        out: dict = {"entries": entries}
+        if gone:
+            out["gone"] = gone
+        if fresh:
+            out["fresh"] = fresh
+        return out
+
+
+def candidates(view: SubtreeView, expected: dict, service: str, now: float, max_age: float,
+               skip: frozenset | set = frozenset()) -> list[dict] | None:
+    """Servers for ``service`` from the view, as a fan-out would collect
+    them (``{name, address, estimation}``, ages applied to the time tags),
+    or None when a SeD of the subtree offering it has no fresh snapshot.
+    ``expected``: SeD name -> (address, via child) of those offering it (from
+    the registry, never from a push); ``skip``: children known silent, left
+    out as a fan-out would leave them out at their deadline."""
+    out = []
+    seds = view.seds
+    for name, (address, via) in expected.items():
+        s = seds.get(name)
+        est = s.vector(service) if s is not None and s.via == via else None
+        if est is None or now - s.seen > max_age:
+            if via in skip:
+                continue
+            return None
+        age = now - s.at
+        if age > 0:
+            est = dict(est)
+            t = est.get("time_since_last_solve")
+            if type(t) in (int, float):
+                est["time_since_last_solve"] = t + age
+            w = est.get("est_wait")
+            if type(w) in (int, float):
+                est["est_wait"] = max(0.0, w - age)
+        out.append({"name": name, "address": address, "estimation": est, "_at": s.at})
+    return out
+
+
+def _age(age_ms: object) -> float:
+    return age_ms / 1000.0 if type(age_ms) in (int, float) and 0 <= age_ms < 1e9 else 0.0
+
+
+# -- herding ----------------------------------------------------------------------
+def _num(v: object) -> float | None:
+    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+
+
+def near_equal(a: dict, b: dict) -> bool:
+    """Two estimation vectors the same but for time and small host noise."""
+    if (_num(a.get("num_waiting")) or 0) + (_num(a.get("num_running")) or 0) != \
+            (_num(b.get("num_waiting")) or 0) + (_num(b.get("num_running")) or 0):
+        return False
+    for tag in a.keys() | b.keys():
+        x, y = a.get(tag), b.get(tag)
+        if tag not in _VOLATILE:
+            if x != y:
+                return False
+            continue
+        tol = _VOLATILE[tag]
+        if tol is None:
+            continue
+        fx, fy = _num(x), _num(y)
+        if fx is None or fy is None:
+            if (fx is None) != (fy is None):
+                return False
+            continue
+        if isinstance(tol, tuple):
+            tol = tol[1] * max(abs(fx), abs(fy))
+        if abs(fx - fy) > tol:
+            return False
+    return True
+
+
+def power_of_two(ranked: list[dict], k: int, rng: random.Random) -> list[dict]:
+    """The aggregator's ranking with its first place given by a
+    power-of-two choice among the servers near-equal to the best: two drawn
+    at random, the better ranked wins. Returns the best ``k``."""
+    if len(ranked) < 2 or k <= 0:
+        return ranked[:k]
+    best = ranked[0].get("estimation") or {}
+    group = 1
+    while group < len(ranked) and near_equal(best, ranked[group].get("estimation") or {}):
+        group += 1
+    if group < 2:
+        return ranked[:k]
+    i, j = rng.randrange(group), rng.randrange(group)
+    pick = min(i, j)
+    return [ranked[pick], *ranked[:pick], *ranked[pick + 1:]][:k]
+
+
+# -- fan-out deadlines --------------------------------------------------------------
+class ChildLatency:
+    """Per-child answer latencies of fan-outs (the last ``LATENCY_SAMPLES``)."""
+
+    def __init__(self, floor: float = DEADLINE_FLOOR, factor: float = DEADLINE_FACTOR) -> None:
+        self.floor, self.factor = floor, factor
+        self.samples: dict[str, list[float]] = {}
+        self.p95: dict[str, float] = {}
+        self.missed: dict[str, float] = {}          # child -> when it last missed its deadline
+
+    def observe(self, child: str, seconds: float) -> None:
+        xs = self.samples.setdefault(child, [])
+        xs.append(seconds)
+        if len(xs) > LATENCY_SAMPLES:
+            del xs[0]
+        srt = sorted(xs)
+        self.p95[child] = srt[min(len(srt) - 1, int(math.ceil(0.95 * len(srt))) - 1)]
+        self.missed.pop(child, None)
+
+    def miss(self, child: str, now: float) -> None:
+        self.missed[child] = now
+
+    def forget(self, child: str) -> None:
+        self.samples.pop(child, None)
+        self.p95.pop(child, None)
+        self.missed.pop(child, None)
+
+    def silent(self, since: float) -> set[str]:
+        """Children that missed a deadline after ``since`` without answering since."""
+        return {c for c, t in self.missed.items() if t >= since}
+
+    def deadline(self, children, budget: float) -> float:
+        """Seconds to wait for ``children``: the largest of their bounds,
+        each ``min(budget, max(floor, factor × p95))``; a child never
+        measured gets the largest p95 of its measured siblings (none: the budget)."""
+        p95 = self.p95
+        if not p95:
+            return budget
+        prior = None
+        worst = 0.0
+        for c in children:
+            x = p95.get(c)
+            if x is None:
+                if prior is None:
+                    prior = max(p95.values())
+                x = prior
+            if x > worst:
+                worst = x
+        return min(budget, max(self.floor, self.factor * worst))

@@ -1,0 +1,248 @@
+"""Discovery from pushed state, pure: the view, freshness and fallback, the
+ranking (as a fan-out's), power-of-two, learnt fan-out deadlines."""
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gridrpc.core import messages as m
+from gridrpc.core.agent import (AgentConfig, AgentState, LocalRole, MasterRole, Received, Send, SendParent,
+                                Tick)
+from gridrpc.core.aggregators import make_aggregator
+from gridrpc.core.messages import MsgType
+from gridrpc.core.view import ChildLatency, PushRule, SubtreeView, near_equal, power_of_two, split_common
+
+ADDR = {"sed-1": "tcp://h:1", "sed-2": "tcp://h:2", "sed-3": "tcp://h:3"}
+
+
+def vec(**kw):
+    base = {"tcomp": 0.01, "eft": 100.0, "est_wait": 0.0, "num_waiting": 0, "num_running": 0,
+            "max_concurrent": 1, "time_since_last_solve": 5.0, "free_cpu": 0.5, "server_type": "serial"}
+    base.update(kw)
+    return base
+
+
+def register(state, name, now=0.0, services=("add",)):
+    h = m.make(MsgType.REGISTER, f"r-{name}", name=name, kind="sed", address=ADDR.get(name, "tcp://h:9"),
+               pid=hash(name) % 10000, services=[{"name": s} for s in services])
+    return state.handle(Received(name.encode(), MsgType.REGISTER, h), now)
+
+
+def push(state, name, vectors, now, age_ms=0):
+    common, own = split_common(vectors)
+    h = m.make(MsgType.VIEW, f"v-{name}", name=name,
+               entries=[{"name": name, "common": common, "services": own, "age_ms": age_ms}])
+    return state.handle(Received(name.encode(), MsgType.VIEW, h), now)
+
+
+def discover(state, now, k=3, rid="d1", **kw):
+    h = m.make(MsgType.DISCOVER, rid, service="add", k=k, **kw)
+    return state.handle(Received(b"client", MsgType.DISCOVER, h), now)
+
+
+def ma(seed=1, **cfg):
+    return AgentState(AgentConfig(name="MA", **cfg), MasterRole(), random.Random(seed))
+
+
+def answered_from_view(actions):
+    return (len(actions) == 1 and isinstance(actions[0], Send) and actions[0].to == b"client"
+            and actions[0].header.get("view") is True)
+
+
+def test_fresh_view_answers_in_one_hop():
+    s = ma()
+    for n in ("sed-1", "sed-2"):
+        register(s, n)
+        push(s, n, {"add": vec()}, 0.0)
+    out = discover(s, 0.1)
+    assert answered_from_view(out)
+    servers = out[0].header["servers"]
+    assert {x["name"] for x in servers} == {"sed-1", "sed-2"}
+    assert {x["address"] for x in servers} == {ADDR["sed-1"], ADDR["sed-2"]}     # from the registry
+    assert s.statistics().view_answers == 1
+
+
+def test_missing_or_stale_snapshot_falls_back_to_fanout():
+    s = ma()
+    for n in ("sed-1", "sed-2"):
+        register(s, n)
+    push(s, "sed-1", {"add": vec()}, 0.0)
+    out = discover(s, 0.1)                           # sed-2 never pushed
+    assert not answered_from_view(out) and {a.to for a in out} == {b"sed-1", b"sed-2"}
+    push(s, "sed-2", {"add": vec()}, 0.0)
+    assert answered_from_view(discover(s, 1.0, rid="d2"))
+    assert not answered_from_view(discover(s, 2.0, rid="d3"))      # older than 1.5 s: fan-out
+    hb = m.make(MsgType.HEARTBEAT, "hb", name="sed-1")
+    s.handle(Received(b"sed-1", MsgType.HEARTBEAT, hb), 2.0)
+    s.handle(Received(b"sed-2", MsgType.HEARTBEAT, dict(hb, name="sed-2")), 2.0)
+    assert answered_from_view(discover(s, 2.1, rid="d4"))          # a heartbeat confirms the snapshot
+
+
+def test_request_freshness_bound_and_zero_forces_fanout():
+    s = ma()
+    register(s, "sed-1")
+    push(s, "sed-1", {"add": vec()}, 0.0)
+    assert not answered_from_view(discover(s, 0.5, max_age_ms=0))
+    assert not answered_from_view(discover(s, 0.5, rid="d2", max_age_ms=100))
+    assert answered_from_view(discover(s, 0.5, rid="d3", max_age_ms=1000))
+
+
+def test_request_dependent_service_is_never_pushed_so_it_fans_out():
+    s = ma()
+    register(s, "sed-1", services=("add", "solve"))
+    push(s, "sed-1", {"add": vec()}, 0.0)            # "solve" has its own estimate: not in the snapshot
+    h = m.make(MsgType.DISCOVER, "d-solve", service="solve", k=1)
+    out = s.handle(Received(b"client", MsgType.DISCOVER, h), 0.1)
+    assert [a.to for a in out] == [b"sed-1"] and out[0].header["type"] == "discover"
+
+
+def test_a_child_speaks_only_for_its_subtree():
+    s = ma()
+    register(s, "sed-1")
+    register(s, "sed-2")
+    h = m.make(MsgType.VIEW, "v", name="sed-1", entries=[{"name": "sed-2", "services": {"add": vec()}}])
+    s.handle(Received(b"sed-1", MsgType.VIEW, h), 0.0)
+    assert "sed-2" not in s.view.seds and s.view.refused == 1
+    s.handle(Received(b"intruder", MsgType.VIEW, dict(h, name="sed-2")), 0.0)    # wrong route
+    assert "sed-2" not in s.view.seds
+
+
+def test_lost_child_leaves_the_view():
+    s = ma()
+    register(s, "sed-1")
+    push(s, "sed-1", {"add": vec()}, 0.0)
+    s.handle(Tick(), 0.6)
+    s.handle(Tick(), 3.7)                            # missed heartbeats (timeout 3 s)
+    assert "sed-1" not in s.view.seds
+
+
+def test_local_agent_batches_snapshots_up():
+    la = AgentState(AgentConfig(name="LA1", parent="tcp://ma:1"), LocalRole(), random.Random(0))
+    for n in ("sed-1", "sed-2"):
+        register(la, n)
+        push(la, n, {"add": vec()}, 0.0)
+    assert la.next_wakeup() <= 0.002 + 1e-9
+    out = la.handle(Tick(), 0.003)
+    ups = [a for a in out if isinstance(a, SendParent) and a.header["type"] == "view"]
+    assert len(ups) == 1 and {e["name"] for e in ups[0].header["entries"]} == {"sed-1", "sed-2"}
+    m.parse_header(m.dumps(ups[0].header))          # valid on the wire
+    # the MA takes it, with the LA's elements naming the SeDs
+    s = ma()
+    elements = la.elements(0.0)
+    h = m.make(MsgType.REGISTER, "r", name="LA1", kind="la", address="tcp://la:1", services=[{"name": "add"}],
+               elements=elements)
+    s.handle(Received(b"LA1", MsgType.REGISTER, h), 0.0)
+    s.handle(Received(b"LA1", MsgType.VIEW, ups[0].header), 0.004)
+    out = discover(s, 0.01)
+    assert answered_from_view(out) and len(out[0].header["servers"]) == 2
+    # gone: the LA lost sed-2
+    la.handle(Received(b"sed-2", MsgType.UNREGISTER, m.make(MsgType.UNREGISTER, "u", name="sed-2")), 0.02)
+    up = [a for a in la.handle(Tick(), 0.03) if isinstance(a, SendParent) and a.header["type"] == "view"]
+    assert up and up[0].header.get("gone") == ["sed-2"]
+
+
+def test_choices_update_the_view_at_once():
+    """Two discoveries before any push: the second does not pick the first's server."""
+    s = ma()
+    for n in ("sed-1", "sed-2"):
+        register(s, n)
+        push(s, n, {"add": vec()}, 0.0)
+    a = discover(s, 0.1, k=1)[0].header["servers"][0]["name"]
+    b = discover(s, 0.1, k=1, rid="d2")[0].header["servers"][0]["name"]
+    assert a != b
+
+
+# -- ranking: a view answer ranks as the fan-out would -------------------------------
+TAGS = st.fixed_dictionaries({
+    "num_waiting": st.integers(0, 3), "num_running": st.integers(0, 1), "tcomp": st.sampled_from([0.01, 0.5]),
+    "time_since_last_solve": st.floats(0, 100), "eft": st.floats(0, 10), "free_cpu": st.sampled_from([0.1, 0.9])})
+AGGS = st.sampled_from(["default", "least_wait_time", "least_slowdown",
+                        {"name": "priority", "params": {"order": [["num_waiting", "min"], ["eft", "min"]]}}])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(TAGS, min_size=1, max_size=3), AGGS, st.integers(1, 3), st.integers(0, 1000))
+def test_view_answer_ranks_as_the_fanout_would(vectors, agg, k, seed):
+    names = [f"sed-{i + 1}" for i in range(len(vectors))]
+    fan, view = ma(seed), ma(seed)
+    for n, v in zip(names, vectors):
+        register(fan, n)
+        register(view, n)
+        push(view, n, {"add": v}, 1.0)
+    out = discover(fan, 1.0, k=k, aggregator=agg, max_age_ms=0)       # fan-out: every SeD answers
+    fid = out[0].header["id"]
+    final = []
+    for n, v in zip(names, vectors):
+        h = m.make(MsgType.SERVERS, fid, name=n, servers=[{"name": n, "address": ADDR[n], "estimation": v}])
+        final += fan.handle(Received(n.encode(), MsgType.SERVERS, h), 1.0)
+    fan_servers = final[-1].header["servers"]
+    got = discover(view, 1.0, k=k, aggregator=agg)
+    assert answered_from_view(got)
+    view_servers = got[0].header["servers"]
+    # same candidates, same ranking; the first place may go to a near-equal server (power of two)
+    pick = view_servers[0]
+    assert near_equal(pick["estimation"], fan_servers[0]["estimation"]) or pick == fan_servers[0]
+    full = make_aggregator(agg).rank(
+        [{"name": n, "address": ADDR[n], "estimation": v} for n, v in zip(names, vectors)], random.Random(seed))
+    assert pick["name"] in {s["name"] for s in full}
+    rest = [s["name"] for s in fan_servers if s["name"] != pick["name"]]
+    assert [s["name"] for s in view_servers[1:]] == rest[: k - 1] or pick["name"] not in \
+        [s["name"] for s in fan_servers]
+
+
+def test_power_of_two_spreads_over_near_equal_and_keeps_the_better():
+    ranked = [{"name": f"s{i}", "estimation": vec()} for i in range(4)] + \
+             [{"name": "busy", "estimation": vec(num_running=1)}]
+    rng = random.Random(3)
+    firsts = [power_of_two(ranked, 2, rng)[0]["name"] for _ in range(400)]
+    assert set(firsts) == {"s0", "s1", "s2", "s3"}                 # never the busy one
+    assert firsts.count("s0") > firsts.count("s3")                 # the better of two
+    assert power_of_two([ranked[0], ranked[4]], 1, rng)[0]["name"] == "s0"
+    assert not near_equal(vec(), vec(server_type="cloud"))
+    assert not near_equal(vec(price=1), vec(price=2))
+
+
+# -- pushes and deadlines ------------------------------------------------------------------
+def test_push_rule_coalesces_and_is_fast_on_busy_changes():
+    r = PushRule(fast=0.002, slow=0.05)
+    assert r.changed((False, 0, 0), False, 0.0) == 0.002
+    r.done((False, 0, 0))
+    assert r.changed((False, 0, 0), False, 0.01) is None            # unchanged
+    assert r.changed((True, 1, 0), True, 0.01) == 0.012            # busy: fast
+    assert r.changed((True, 1, 1), True, 0.011) is None            # already due sooner
+    r.done((True, 1, 1))
+    assert r.changed((True, 1, 2), True, 0.02) == 0.07             # longer queue: slow
+
+
+def test_silent_child_costs_a_learnt_deadline_not_the_budget():
+    lat = ChildLatency(floor=0.05, factor=4.0)
+    assert lat.deadline(["a"], 2.0) == 2.0                         # nothing learnt yet
+    for x in (0.002, 0.003, 0.004):
+        lat.observe("a", x)
+    assert lat.deadline(["a"], 2.0) == 0.05                        # floor
+    assert lat.deadline(["a", "silent"], 2.0) == 0.05              # the unknown child: its siblings' p95
+    lat.observe("slow", 0.1)
+    assert abs(lat.deadline(["a", "slow"], 2.0) - 0.4) < 1e-9
+    assert lat.deadline(["slow"], 0.2) == 0.2                      # never past the budget
+
+
+def test_agent_fanout_ends_at_the_learnt_deadline_and_skips_the_silent_child_after():
+    s = ma(hb_timeout=1000.0)
+    register(s, "sed-1")
+    register(s, "sed-2")
+    push(s, "sed-1", {"add": vec()}, 0.0)
+    for i in range(3):                               # sed-1 answers in 2 ms, sed-2 never
+        out = discover(s, i * 10.0, rid=f"d{i}", budget_ms=2000, max_age_ms=0)
+        fid = out[0].header["id"]
+        h = m.make(MsgType.SERVERS, fid, name="sed-1", servers=[{"name": "sed-1", "address": "x",
+                                                                 "estimation": vec()}])
+        s.handle(Received(b"sed-1", MsgType.SERVERS, h), i * 10.0 + 0.002)
+        wake = s.discoveries.next_deadline()
+        assert wake is not None and wake - i * 10.0 <= (2.0 if i == 0 else 0.051)
+        done = s.handle(Tick(), wake)
+        assert [a.header["servers"][0]["name"] for a in done if isinstance(a, Send)] == ["sed-1"]
+    # sed-2 missed its deadline: a discovery from the view leaves it out for a while
+    push(s, "sed-1", {"add": vec()}, 20.01)
+    out = discover(s, 20.02, rid="dv")
+    assert answered_from_view(out) and [x["name"] for x in out[0].header["servers"]] == ["sed-1"]
+    assert not answered_from_view(discover(s, 21.5, rid="dp"))      # then it is probed again

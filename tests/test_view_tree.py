@@ -1,0 +1,102 @@
+"""Discovery from pushed state on a real tree (sockets, worker processes):
+a busy SeD is avoided, a dead SeD leaves the view, request-dependent
+estimations fan out, concurrent clients spread."""
+import asyncio
+import collections
+import time
+
+import gridrpc
+from gridrpc.examples import services as example_services
+from gridrpc.testing import LocalTree, wait_for
+
+
+#: rank by load (DIET's default ranks by least recently used, whatever the load)
+LOAD = {"name": "priority", "params": {"order": [["num_running", "min"], ["num_waiting", "min"]]}}
+
+
+def _stats(tree):
+    return tree.lt.call(tree.ma.statistics)
+
+
+def _view_ready(tree, n):
+    wait_for(lambda: _stats(tree)["view_snapshots"] >= n, 10, f"{n} snapshots in the MA's view")
+
+
+def test_busy_sed_is_avoided_from_the_view():
+    with LocalTree(las=1, seds_per_la=2, http=False) as tree, gridrpc.Client(tree.ma_address) as c:
+        _view_ready(tree, 2)
+        before = _stats(tree)["view_answers"]
+        slow = c.submit("sleep", 3)
+
+        def running():
+            return [n for sed in tree.seds for n, r in sed.replicas.items() if r.scheduler.running]
+        wait_for(lambda: tree.lt.call(running), 5, "the call running")
+        busy = tree.lt.call(running)[0]
+        time.sleep(0.05)                              # pushed within a few ms
+        picks = [c.discover("add", 1, aggregator=LOAD)[0].name for _ in range(20)]
+        assert busy not in picks, picks
+        assert _stats(tree)["view_answers"] - before >= 20
+        slow.cancel()
+
+
+def test_dead_sed_leaves_the_view_within_the_heartbeat_timeout():
+    with LocalTree(las=1, seds_per_la=2, http=False) as tree, gridrpc.Client(tree.ma_address) as c:
+        _view_ready(tree, 2)
+        victim = tree.seds[0]
+        name = next(iter(victim.replicas))
+
+        async def die():                      # no UNREGISTER: as if the process was killed
+            for r in victim.replicas.values():
+                await r.link.aclose(unregister=False)
+                r.link = None
+            victim.endpoint.close()
+        tree.lt.run(die())
+        t0 = time.monotonic()
+        wait_for(lambda: name not in tree.lt.call(lambda: set(tree.ma.state.view.seds)), 5,
+                 "the dead SeD left the view")
+        assert time.monotonic() - t0 <= 1.5 + 1.0         # hb_timeout of the tree + a sweep
+        assert [s.name for s in c.discover("add", 5)] == [n for n in tree.sed_names() if n != name]
+
+
+def test_request_dependent_estimation_still_fans_out():
+    with LocalTree(las=1, seds_per_la=1, http=False, services=["add"]) as tree, \
+            gridrpc.Client(tree.ma_address) as c:
+        sed = tree.seds[0]
+
+        def by_args(vector, args):
+            return {"work": len(args)}
+        tree.lt.call(lambda: sed.add_service("guess", example_services.add, estimate=by_args))
+        tree.lt.call(lambda: sed.add_service("fixed", example_services.add, estimate=lambda v, a: {"gpu": 1},
+                                             estimate_uses_args=False))
+        wait_for(lambda: {"guess", "fixed"} <= set(c.services()), 5, "services registered")
+        wait_for(lambda: "fixed" in (tree.lt.call(lambda: tree.ma.state.view.seds.get(sed.name))
+                                     or type("x", (), {"services": {}})).services, 5, "fixed pushed")
+        before = _stats(tree)
+        got = c.discover("guess", 1, args=(1, 2, 3))
+        assert got[0].estimation["work"] == 3                     # the SeD computed it for these args
+        mid = _stats(tree)
+        assert mid["view_answers"] == before["view_answers"]      # a fan-out
+        assert c.discover("fixed", 1)[0].estimation["gpu"] == 1
+        assert _stats(tree)["view_answers"] == mid["view_answers"] + 1
+
+
+def test_concurrent_clients_spread_over_servers():
+    """16 clients discover at once: the view answers spread them (recent
+    choices, power of two), as the fan-out does."""
+    with LocalTree(las=2, seds_per_la=2, http=False) as tree:
+        _view_ready(tree, 4)
+
+        async def herd(max_age):
+            clients = [gridrpc.AsyncClient(tree.ma_address) for _ in range(16)]
+            for cl in clients:
+                await cl.__aenter__()
+            try:
+                got = await asyncio.gather(*(cl.discover("add", 1, max_age=max_age) for cl in clients))
+            finally:
+                for cl in clients:
+                    await cl.__aexit__(None, None, None)
+            return collections.Counter(g[0].name for g in got)
+
+        for max_age in (None, 0):
+            spread = asyncio.run(herd(max_age))
+            assert len(spread) == 4 and max(spread.values()) <= 6, (max_age, spread)

@@ -69,6 +69,8 @@ class AgentConfig:
     hb_interval: float = 1.0        # children's heartbeat period: shown "lost" after 2.5 of them
     hb_timeout: float = 3.0         # a child silent this long is dropped
     discovery_budget: float = 2.0   # seconds, when a request gives none
+    rebuild_time: float | None = None   # root: "rebuilding" instead of service_not_found this long after
+                                        # start (None: hb_timeout + hb_interval, every child is back by then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,7 @@ class AgentState:
         self._next_sweep = 0.0
         self._sweep_interval = config.hb_interval / 2
         self._lost_after = config.hb_interval * 2.5
+        self._rebuild_until: float | None = None     # set at the first event: start + rebuild time
         self._on_peer = {
             MsgType.DISCOVER: self._on_discover, MsgType.SERVERS: self._on_servers,
             MsgType.HEARTBEAT: self._on_heartbeat, MsgType.REGISTER: self._on_register,
@@ -129,6 +132,10 @@ class AgentState:
 
     # -- the one way in ------------------------------------------------------
     def handle(self, event: object, now: float) -> list:
+        if self._rebuild_until is None:
+            c = self.config
+            self._rebuild_until = now + (c.rebuild_time if c.rebuild_time is not None
+                                         else c.hb_timeout + c.hb_interval)
         t = type(event)
         if t is Received:
             handler = self._on_peer.get(event.type)
@@ -234,6 +241,10 @@ class AgentState:
             return [self._to(reply_to, m.error_header(rid, "invalid_argument", str(exc)))]
         children = self.registry.offering(service)
         if not children:
+            if self.role.root and self.rebuilding(now):
+                return [self._to(reply_to, m.error_header(
+                    rid, "rebuilding", f"master agent {self.name} started recently and is rebuilding its "
+                    f"tree: {service!r} may be offered once its children are back (retry)"))]
             err = self.role.no_offer(rid, service)
             if err is not None:
                 return [self._to(reply_to, err)]
@@ -303,11 +314,18 @@ class AgentState:
         header.setdefault("name", self.name)
         return SendParent(header)
 
+    def rebuilding(self, now: float) -> bool:
+        """Whether the tree may still be incomplete: a restarted root waits a
+        few heartbeat intervals for its children to register again."""
+        return self._rebuild_until is not None and now < self._rebuild_until
+
     # -- catalogue, tree, statistics ----------------------------------------------------
     def _on_services(self, peer: bytes, h: dict, now: float) -> list:
         elements = self.elements(now)
         servers = {e["name"]: e.get("address") for e in elements if e.get("kind") == "sed"}
         extra = {"elements": self.tree(now)} if h.get("tree") else {}
+        if self.role.root and self.rebuilding(now):
+            extra["rebuilding"] = True
         return [Send(peer, m.make(MsgType.CATALOGUE, h["id"], services=self.registry.catalogue(),
                                   servers=servers, **extra))]
 

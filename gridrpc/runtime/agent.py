@@ -30,7 +30,7 @@ from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, F
 from ..core.messages import MsgType
 from ..transport.channel import host_of
 from ..transport.endpoint import Endpoint, Incoming
-from ..transport.parent_link import ParentLink
+from ..transport.parent_link import ParentLink, parent_link
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ class AgentRuntime:
     def __init__(self, *, name: str, address: str = "tcp://127.0.0.1:0", parent: str | None = None,
                  role: Role | None = None, hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  discovery_budget: float = 2.0, orphan_timeout: float | None = None,
-                 seed: int | None = None, socket_options: Mapping[int, object] | None = None) -> None:
+                 seed: int | None = None, socket_options: Mapping[int, object] | None = None,
+                 rebuild_time: float | None = None, peers: list[str] | tuple[str, ...] = ()) -> None:
         self.name = name
         self.bind_address = address
         self.parent = parent
@@ -49,7 +50,7 @@ class AgentRuntime:
         self.orphan_timeout = orphan_timeout
         self.state = AgentState(
             AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
-                        discovery_budget=discovery_budget),
+                        discovery_budget=discovery_budget, rebuild_time=rebuild_time),
             role or LocalRole(), random.Random(seed))
         handle = self._on_message
         self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},
@@ -57,6 +58,8 @@ class AgentRuntime:
                                  on_rejected=self._on_rejected)
         self.address: str | None = None
         self.link: ParentLink | None = None
+        self.peers = list(peers)            # federated MAs of other trees (gridrpc.runtime.federation)
+        self.federation = None
         self.started = time.time()
         self.closed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,7 +106,7 @@ class AgentRuntime:
                                host=host_of(self.address or "") or socket.gethostname(),
                                pid=os.getpid(), started=self.started)
         if self.parent and not self.state.role.root:
-            self.link = ParentLink(name=self.name, parent=self.parent, register_info=self._register_info,
+            self.link = parent_link(name=self.name, parent=self.parent, register_info=self._register_info,
                                    heartbeat_info=self._heartbeat_info, on_message=self._on_parent,
                                    hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
                                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned)

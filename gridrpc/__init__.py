@@ -12,7 +12,7 @@ module.
 from .client import AsyncClient, Call, Client, ClientOptions, Handle, ServerInfo, wait
 from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, GridRPCError,
                      InvalidArgument, MessageTooLarge, NoServerAvailable, ProtocolError, RemoteError,
-                     Refused, ServiceNotFound, Timeout, WorkerDied)
+                     Refused, ServerLost, ServiceNotFound, Timeout, WorkerDied)
 from .files import File
 from .local_agent import LocalAgent
 from .master_agent import MasterAgent
@@ -30,6 +30,6 @@ __all__ = [
     # errors (one root: GridRPCError)
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
     "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
-    "RemoteError", "WorkerDied",
+    "RemoteError", "WorkerDied", "ServerLost",
     "__version__",
 ]

@@ -91,7 +91,8 @@ def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
 
 
 def _child_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parent", help="parent agent address: host:port, tcp://host:port or ipc://path")
+    p.add_argument("--parent", help="parent agent address: host:port, tcp://host:port or ipc://path; "
+                                    "several comma-separated (attached to each: several master agents)")
     p.add_argument("--orphan-timeout", type=float, default=None,
                    help="exit when the parent stays gone this long and nothing runs (s)")
 
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common_daemon(p, 5555)
     p.add_argument("--http-port", type=int, default=None, help="serve the HTTP status API on this port")
     p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--rebuild-time", type=float, default=None,
+                   help="after start, answer 'rebuilding' (clients retry) instead of 'service not found' "
+                        "for this long, s (default hb-timeout + hb-interval)")
+    p.add_argument("--peer", action="append", default=[], metavar="ADDR",
+                   help="a federated master agent of another tree (repeatable): discoveries for services "
+                        "this tree lacks are forwarded there")
 
     p = sub.add_parser("la", help="run a Local Agent")
     _common_daemon(p, 0)
@@ -113,8 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sed", help="run a SeD (server daemon) offering services")
     _common_daemon(p, 0)
     _child_opts(p)
-    p.add_argument("--service", action="append", default=[], metavar="[NAME=]MODULE:FUNC",
-                   help="a service to offer (repeatable), e.g. gridrpc.examples.services:add")
+    p.add_argument("--service", action="append", default=[], metavar="[NAME=]MODULE:FUNC[,OPTION=VALUE]",
+                   help="a service to offer (repeatable), e.g. gridrpc.examples.services:add; options: "
+                        "idempotent=false (never re-run after its server died mid-call), "
+                        "on_orphan=kill|finish|auto (a call whose client is gone)")
     p.add_argument("--examples", action="store_true", help="offer every example service")
     p.add_argument("--max-concurrent", type=int, default=1, help="calls running at once per SeD (default 1)")
     p.add_argument("--queue", default="fcfs", help="queue policy: fcfs (default) or ethic")
@@ -128,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest call accepted, bytes (default 512 MiB)")
     p.add_argument("--result-cache-bytes", type=int, default=64 * 1024 * 1024,
                    help="answers kept for repeated request ids, bytes (default 64 MiB)")
+    p.add_argument("--orphan-call-timeout", type=float, default=30.0,
+                   help="a call whose client sent nothing (no ping) for this long is orphaned: killed or "
+                        "left to finish per its service's on_orphan policy, s (default 30)")
     from .sed.cloud.cli import add_cloud_arguments
     add_cloud_arguments(p)
     from .sed.batch.cli import add_batch_arguments
@@ -203,13 +215,16 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     address = f"tcp://{a.host}:{a.port}"
     hb = dict(hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
     try:
-        parent = parse_address(a.parent, what="--parent") if getattr(a, "parent", None) else None
+        from .address import parse_addresses
+        parent = (",".join(parse_addresses(a.parent, what="--parent")) if getattr(a, "parent", None) else None)
         from .plugins import load_aggregator_plugins
         load_aggregator_plugins(a.plugin)
         hb.update(_security_kwargs(a, parent))
         if a.cmd == "ma":
             from .master_agent import MasterAgent
-            d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host, **hb)
+            peers = [p for text in a.peer for p in parse_addresses(text, what="--peer")]
+            d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host,
+                            rebuild_time=a.rebuild_time, peers=peers, **hb)
         elif a.cmd == "la":
             if not parent:
                 print("gridrpc la: error: --parent is required", file=sys.stderr)
@@ -265,10 +280,13 @@ def _security_kwargs(a: argparse.Namespace, parent: str | None) -> dict:
         if not a.parent_key:
             raise ConfigError("--secure with --parent needs the parent's public key: --parent-key NAME "
                               "(its element name in --keys), a .key file, or the key itself")
-        try:
-            kw["parent_key"] = store.public(a.parent_key, "element")
-        except ConfigError:
-            kw["parent_key"] = public_key_from(a.parent_key)
+        keys = []
+        for spec in a.parent_key.split(","):          # one per parent (several MAs: --parent a,b)
+            try:
+                keys.append(store.public(spec.strip(), "element"))
+            except ConfigError:
+                keys.append(public_key_from(spec.strip()))
+        kw["parent_key"] = keys[0] if len(keys) == 1 else keys
     return kw
 
 
@@ -280,7 +298,7 @@ def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
     d = SeD(a.name, a.parent, address=address, max_concurrent=a.max_concurrent, queue=a.queue,
             replicas=a.replicas, workers=a.workers, isolation=a.isolation,
             max_message_size=a.max_message_size, orphan_timeout=a.orphan_timeout,
-            result_cache_bytes=a.result_cache_bytes,
+            result_cache_bytes=a.result_cache_bytes, orphan_call_timeout=a.orphan_call_timeout,
             queue_options=opts, **hb)
     specs = list(a.service)
     if a.examples:
@@ -289,9 +307,11 @@ def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
     if not specs:
         print("gridrpc sed: error: give at least one --service MODULE:FUNC (or --examples)", file=sys.stderr)
         return None
+    from .sed.services import split_spec_options
     for spec in specs:
+        spec, options = split_spec_options(spec)     # [NAME=]MODULE:FUNC[,idempotent=false][,on_orphan=kill]
         name, _, target = spec.rpartition("=")
-        d.add_service(name or target.rsplit(":", 1)[-1], target)
+        d.add_service(name or target.rsplit(":", 1)[-1], target, **options)
     return d
 
 

@@ -8,6 +8,7 @@
     ├── ServiceNotFound           no server in the tree offers the service
     ├── NoServerAvailable         the service exists but no server answered / all failed
     ├── CommunicationError        a peer could not be reached or vanished
+    ├── ServerLost                a non-idempotent call's server died after the call started
     ├── Timeout (also TimeoutError)
     ├── CallCancelled             the call was cancelled (work stopped on the server)
     │   └── CallPreempted         killed by the server's fair queue for a mandatory call
@@ -43,6 +44,18 @@ class NoServerAvailable(GridRPCError):
 
 class CommunicationError(GridRPCError):
     pass
+
+
+class ServerLost(GridRPCError):
+    """The server running a non-idempotent call died (or lost the call) after
+    the call may have started: it is not run again by surprise. ``server``
+    and ``call_id`` say where to look (docs/reliability.md: the SeD's log and
+    event stream show whether call ``call_id`` finished)."""
+
+    def __init__(self, message: str, *, server: str | None = None, call_id: str | None = None):
+        super().__init__(message)
+        self.server = server
+        self.call_id = call_id
 
 
 class Timeout(GridRPCError, TimeoutError):
@@ -100,6 +113,8 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "invalid_argument": InvalidArgument,
     "refused": Refused,
     "communication": CommunicationError,
+    "server_lost": ServerLost,
+    "rebuilding": NoServerAvailable,      # a restarted MA still rebuilding its tree (retried by clients)
     "timeout": Timeout,
 }
 
@@ -108,7 +123,13 @@ def error_from_wire(err: dict, server: str | None = None) -> GridRPCError:
     kind = err.get("kind", "remote")
     msg = str(err.get("message", ""))
     cls = ERROR_KINDS.get(kind, GridRPCError)
+    if cls is ServerLost:
+        cid = err.get("call_id")
+        return ServerLost(msg, server=server, call_id=cid if isinstance(cid, str) else None)
     if issubclass(cls, RemoteError):
-        return cls(msg, remote_type=str(err.get("type", "Exception")),
-                   remote_traceback=str(err.get("traceback", "")), server=server)
-    return cls(msg)
+        exc: GridRPCError = cls(msg, remote_type=str(err.get("type", "Exception")),
+                                remote_traceback=str(err.get("traceback", "")), server=server)
+    else:
+        exc = cls(msg)
+    exc.kind = kind if isinstance(kind, str) else "remote"     # the wire kind (e.g. "rebuilding")
+    return exc

@@ -16,6 +16,7 @@ CLIENT = b"client"
 
 def agent(role=None, parent=None, seed=0, **cfg):
     role = role or MasterRole()
+    cfg.setdefault("rebuild_time", 0.0)      # a fresh tree: no "rebuilding" window (tested in test_reliability_core)
     config = AgentConfig(name="MA" if role.kind == "ma" else "LA1", parent=parent, **cfg)
     return AgentState(config, role, random.Random(seed), info={"address": "tcp://h:1", "pid": 1})
 

@@ -13,7 +13,7 @@ PUBLIC = {
     "MasterAgent", "LocalAgent", "SeD",
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
     "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
-    "RemoteError", "WorkerDied",
+    "RemoteError", "WorkerDied", "ServerLost",
     "__version__",
 }
 
@@ -26,7 +26,8 @@ SECOND_WAVE = {"DataRef", "ServerLost"}
 
 #: the keyword options every client accepts (ClientOptions' fields)
 CLIENT_OPTIONS = ("user", "timeout", "discovery_timeout", "discovery_budget", "ack_timeout", "ping_interval",
-                  "ping_timeout", "failover", "max_candidates", "max_message_size", "aggregator", "download_dir")
+                  "ping_timeout", "failover", "max_candidates", "max_message_size", "aggregator", "download_dir",
+                  "keys", "key", "ma_key", "retry_timeout")
 
 
 def test_all_is_pinned():

@@ -21,10 +21,11 @@ from typing import Any
 
 from ..core import codec
 from ..core import messages as m
-from ..core.call import CallMachine, Done, SendCall
+from ..address import parse_addresses
+from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
 from ..core.messages import MsgType
-from ..errors import (CallCancelled, CommunicationError, MessageTooLarge, NoServerAvailable, ProtocolError,
-                      ServiceNotFound, error_from_wire)
+from ..errors import (ERROR_KINDS, CallCancelled, CommunicationError, GridRPCError, MessageTooLarge,
+                      NoServerAvailable, ProtocolError, ServiceNotFound, error_from_wire)
 from ..files import FileSink, read_file
 from ..transport.channel import Channel, connect_dealer
 from .call import Call, ServerInfo
@@ -60,10 +61,18 @@ class AsyncClient:
     aggregator = option_view("aggregator")
     discovery_budget = property(lambda self: self.options.budget, doc="discovery budget sent to the agents, s")
 
-    def __init__(self, master_agent: str | None = None, *, options: ClientOptions | None = None,
+    def __init__(self, master_agent: str | list[str] | None = None, *, options: ClientOptions | None = None,
                  **kwargs: Any) -> None:
         self.options = ClientOptions.build(type(self).__name__, options, **kwargs)
-        self.master_agent = master_agent
+        if master_agent is None and os.environ.get("GRIDRPC_MA"):
+            master_agent = os.environ["GRIDRPC_MA"]
+        several = isinstance(master_agent, (list, tuple)) or (isinstance(master_agent, str) and "," in master_agent)
+        #: every master agent, in order of preference (several: active-active, see docs/reliability.md)
+        self.master_agents: list[str] = (parse_addresses(master_agent, what="master_agent") if several
+                                         else [master_agent] if master_agent else [])
+        self.master_agent = self.master_agents[0] if self.master_agents else None
+        self._mas: list[Channel] = []
+        self._ma_current = 0
         self.user = self.options.user or default_user()
         self.sink = FileSink(self.options.download_dir)
         self._policy = self.options.policy()
@@ -84,10 +93,12 @@ class AsyncClient:
     async def start(self) -> "AsyncClient":
         self.loop = asyncio.get_running_loop()
         self._driver = AsyncCallDriver(self.loop, self._send, new_id=new_id, decode=self._decode,
-                                       on_attempt=_on_attempt)
-        if self.master_agent:
-            opts = self._security.client_options(self._ma_public) if self._security is not None else None
-            self._ma = Channel(connect_dealer(self.master_agent, options=opts), self._on_ma, name="client->MA")
+                                       on_attempt=_on_attempt, on_discover=self._on_discover)
+        opts = self._security.client_options(self._ma_public) if self._security is not None else None
+        for i, addr in enumerate(self.master_agents):
+            self._mas.append(Channel(connect_dealer(addr, options=opts), functools.partial(self._on_ma, i),
+                                     name=f"client->MA{i}" if i else "client->MA"))
+        self._ma = self._mas[0] if self._mas else None
         return self
 
     async def __aenter__(self):
@@ -111,33 +122,64 @@ class AsyncClient:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._ma:
-            self._ma.close()
+        for ch in self._mas:
+            ch.close()
         for ch in self._seds.values():
             ch.close()
 
     # -- MA requests ------------------------------------------------------
-    def _on_ma(self, frames: list) -> None:
+    def _on_ma(self, index: int, frames: list) -> None:
         try:
             mt, h = m.parse_header(frames[0].bytes)
         except ProtocolError as exc:
             log.warning("bad message from the MA: %s", exc)
             return
-        fut = self._pending.pop(h["id"], None)
-        if fut is not None and not fut.done():
-            fut.set_result((mt, h))
+        fut = self._pending.get(h["id"])
+        if fut is None or fut.done():
+            return
+        if (mt is MsgType.ERROR and h["error"].get("kind") == "rebuilding" and len(self._mas) > 1
+                and index == self._ma_current):
+            self._ma_current = (index + 1) % len(self._mas)     # prefer an MA whose tree is complete
+        elif mt is not MsgType.ERROR or h["error"].get("kind") != "rebuilding":
+            self._ma_current = index
+        del self._pending[h["id"]]
+        fut.set_result((mt, h))
+
+    #: with several master agents, a request unanswered this long is also sent to the next one
+    MA_HEDGE_S = 0.4
 
     async def _ma_request(self, header: dict, timeout: float) -> tuple[MsgType, dict]:
-        if self._ma is None:
+        """Send to the preferred master agent; with several, an MA that cannot
+        be sent to, or is silent for ``MA_HEDGE_S``, is skipped: the request
+        goes to the next one too and the first answer wins."""
+        if not self._mas:
             raise ServiceNotFound("this client has no master agent: bind handles to servers by address")
         fut = self.loop.create_future()
         self._pending[header["id"]] = fut
+        frames = [m.dumps(header)]
+        n = len(self._mas)
+        end = self.loop.time() + timeout
         try:
-            self._ma.send([m.dumps(header)])
-            return await asyncio.wait_for(fut, timeout)
+            for k in range(n):
+                ch = self._mas[(self._ma_current + k) % n]
+                try:
+                    ch.send(frames)
+                except CommunicationError:
+                    continue
+                left = end - self.loop.time()
+                wait = left if k == n - 1 else min(left, self.MA_HEDGE_S)
+                if wait <= 0:
+                    break
+                done, _ = await asyncio.wait([fut], timeout=wait)
+                if done:
+                    return fut.result()
+            left = end - self.loop.time()
+            if left > 0:
+                return await asyncio.wait_for(asyncio.shield(fut), left)
+            raise asyncio.TimeoutError
         except asyncio.TimeoutError:
-            raise CommunicationError(f"the master agent at {self.master_agent} did not answer "
-                                     f"within {timeout}s") from None
+            raise CommunicationError(f"the master agent{'s' if n > 1 else ''} at "
+                                     f"{', '.join(self.master_agents)} did not answer within {timeout}s") from None
         finally:
             self._pending.pop(header["id"], None)
 
@@ -158,7 +200,8 @@ class AsyncClient:
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
         entries = [s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
-        servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {})
+        servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
+                              idempotent=s.get("idempotent") is not False)
                    for s in entries]
         for s in entries:
             self._server_addresses[s["name"]] = s["address"]
@@ -247,12 +290,15 @@ class AsyncClient:
             raise MessageTooLarge(f"arguments of {call.service} are {size} bytes; the maximum message "
                                   f"size is {self.options.max_message_size} (Client(max_message_size=...))")
         deadline = None if timeout is None else self.loop.time() + timeout
-        candidates = await self._candidates(call, server, aggregator)
+        discover = server is None
+        candidates = [] if discover else await self._candidates(call, server, aggregator)
         if self.closed:
             raise CommunicationError("client is closed")
         header = m.make(MsgType.CALL, "", service=call.service, args=tree_args, kwargs=tree_kwargs,
                         user=self.user, optional=call.optional)
-        machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
+        call._discovery = (aggregator, self.max_candidates if self.failover else 1)
+        machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id,
+                              discover=discover)
         flight = call._flight = self._driver.launch(machine, header, buffers, call)
         try:
             outcome = await flight.waiter
@@ -276,6 +322,36 @@ class AsyncClient:
             return [await self.resolve(server)]
         return await self.discover(call.service, self.max_candidates if self.failover else 1,
                                    aggregator=aggregator, args=(), optional=call.optional)
+
+    def _on_discover(self, flight: Flight, a: Discover) -> None:
+        """The machine asks for candidates: discover in a task, feed the answer back."""
+        task = self.loop.create_task(self._discover_for(flight, a))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _discover_for(self, flight: Flight, a: Discover) -> None:
+        call = flight.context
+        aggregator, k = getattr(call, "_discovery", (None, self.max_candidates))
+        try:
+            if self.closed:
+                raise CommunicationError("client is closed")
+            if a.timeout is not None and a.timeout < self.discovery_timeout:
+                servers = await asyncio.wait_for(
+                    self.discover(call.service, k, aggregator=aggregator, args=(), optional=call.optional),
+                    max(0.01, a.timeout))
+            else:
+                servers = await self.discover(call.service, k, aggregator=aggregator, args=(),
+                                              optional=call.optional)
+        except asyncio.TimeoutError:
+            event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out")
+        except asyncio.CancelledError:
+            return
+        except GridRPCError as exc:
+            event = DiscoveryFailed(_kind_of(exc), str(exc))
+        else:
+            event = Discovered(servers)
+        if not flight.machine.finished:
+            self._driver.feed(flight, event)
 
     async def _cancel_remote(self, call: Call) -> None:
         """Cancel ``call`` on its server; returns when the server confirmed (or
@@ -310,6 +386,19 @@ class AsyncClient:
 
     def _decode(self, header: dict, frames: list):
         return codec.decode(header.get("value"), [f.buffer for f in frames[1:]], self.sink)
+
+
+def _kind_of(exc: GridRPCError) -> str:
+    """The wire kind of an error raised by a discovery (its message says more)."""
+    kind = getattr(exc, "kind", None)
+    if isinstance(kind, str):
+        return kind
+    if isinstance(exc, CommunicationError):
+        return "communication"
+    for kind, cls in ERROR_KINDS.items():
+        if type(exc) is cls:
+            return kind
+    return "remote"
 
 
 def _on_attempt(flight: Flight, a: SendCall) -> None:

@@ -15,6 +15,7 @@ class ServerInfo:
     name: str
     address: str
     estimation: dict = field(default_factory=dict, compare=False)
+    idempotent: bool = field(default=True, compare=False)   # False: a lost call is not re-run
 
 
 class Call:

@@ -21,8 +21,9 @@ import logging
 from typing import Any, Callable
 
 from ..core import messages as m
-from ..core.call import (Abort, Accepted, Cancel, CancelAck, CallError, CallMachine, Done, Error, Fail, FailOver,
-                         Malformed, Pong, Result, SendCall, SendCancel, SendFailed, SendPing, Start, Tick)
+from ..core.call import (Abort, Accepted, Cancel, CancelAck, CallError, CallMachine, Discover, DiscoveryFailed, Done,
+                         Error, Fail, FailOver, Malformed, Pong, Result, SendCall, SendCancel, SendFailed, SendPing,
+                         Start, Tick)
 from ..core.messages import MsgType
 from ..errors import GridRPCError, ProtocolError, error_from_wire
 
@@ -61,10 +62,13 @@ class CallDriver:
 
     def __init__(self, *, clock: Callable[[], float], new_id: Callable[[], str],
                  decode: Callable[[dict, list], Any], name: str = "client",
-                 on_attempt: Callable[[Flight, SendCall], None] | None = None) -> None:
+                 on_attempt: Callable[[Flight, SendCall], None] | None = None,
+                 on_discover: Callable[[Flight, Discover], None] | None = None) -> None:
         self.clock, self.new_id, self.decode, self.name = clock, new_id, decode, name
         self.on_attempt = on_attempt
+        self.on_discover = on_discover      # starts a discovery; its owner feeds Discovered / DiscoveryFailed
         self.flights: dict[str, Flight] = {}        # request id -> its call (every attempt not forgotten)
+        self.discovering: set[Flight] = set()       # calls still looking for servers (no request id yet)
 
     # -- to provide -------------------------------------------------------------------------
     def send(self, address: str, frames: list) -> None:
@@ -103,7 +107,7 @@ class CallDriver:
 
     def abort_all(self, message: str, kind: str = "communication") -> None:
         """Fail every call in flight (client closed, VM gone); each server gets a CANCEL."""
-        for flight in list(dict.fromkeys(self.flights.values())):
+        for flight in list(dict.fromkeys([*self.flights.values(), *self.discovering])):
             self.feed(flight, Abort(kind, message))
 
     # -- events -----------------------------------------------------------------------------
@@ -120,6 +124,12 @@ class CallDriver:
                     self._ping(a)
                 elif t is SendCancel:
                     self._cancel(a)
+                elif t is Discover:
+                    self.discovering.add(flight)
+                    if self.on_discover is None:
+                        follow = DiscoveryFailed("no_server", "this driver cannot discover servers")
+                    else:
+                        self.on_discover(flight, a)
                 elif t is FailOver:
                     if self.flights.get(a.id) is flight:
                         del self.flights[a.id]
@@ -164,7 +174,7 @@ class CallDriver:
             else:
                 event = Result(cid, value, _dict(h.get("timing")), _str(h.get("server")))
         elif mt is MsgType.ACCEPTED:
-            event = Accepted(cid, h.get("patience"))
+            event = Accepted(cid, h.get("patience"), h.get("idempotent"), h.get("state"))
         elif mt is MsgType.ERROR:
             event = Error(cid, h["error"], _dict(h.get("timing")), _str(h.get("server")),
                           reply=(mt, h, list(frames[1:])))
@@ -208,6 +218,7 @@ class CallDriver:
             log.info("%s: CANCEL of %s to %s not sent: %s", self.name, a.id, a.server, exc)
 
     def _forget(self, flight: Flight) -> None:
+        self.discovering.discard(flight)
         for i in flight.machine.attempts:
             if self.flights.get(i) is flight:
                 del self.flights[i]

@@ -37,6 +37,10 @@ class ClientOptions:
     ``max_message_size``: largest call message, bytes. ``aggregator``: default
     aggregator of discoveries (a name or ``{name, params}``).
     ``download_dir``: where files returned by services are written.
+    ``retry_timeout``: how long transient failures (no master agent answers,
+    an MA rebuilding its tree, every server lost before the call started)
+    are retried with backoff when the call has no ``timeout``, s (within a
+    timeout, until the timeout).
     """
     user: str | None = None
     timeout: float | None = None
@@ -57,11 +61,12 @@ class ClientOptions:
     #: the MA's public key: 40 z85 characters, a ``.key`` file, or an element
     #: name in ``keys`` (default: the element ``MA``)
     ma_key: str | None = None
+    retry_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.user is not None and not isinstance(self.user, str):
             _bad_type("user", self.user, "a str or None")
-        for name in ("discovery_timeout", "ack_timeout", "ping_interval", "ping_timeout"):
+        for name in ("discovery_timeout", "ack_timeout", "ping_interval", "ping_timeout", "retry_timeout"):
             _positive(name, getattr(self, name))
         for name in ("timeout", "discovery_budget"):
             if getattr(self, name) is not None:
@@ -114,7 +119,8 @@ class ClientOptions:
     def policy(self) -> CallPolicy:
         """The call machine's settings."""
         return CallPolicy(ack_timeout=float(self.ack_timeout), ping_interval=float(self.ping_interval),
-                          ping_timeout=float(self.ping_timeout), failover=self.failover)
+                          ping_timeout=float(self.ping_timeout), failover=self.failover,
+                          retry_timeout=float(self.retry_timeout))
 
 
 def option_view(name: str) -> property:

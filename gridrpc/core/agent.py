@@ -87,6 +87,8 @@ class AgentConfig:
     deadline_floor: float = DEADLINE_FLOOR  # a fan-out waits for a child min(budget, max(floor, factor*p95))
     deadline_factor: float = DEADLINE_FACTOR
     silent_probe: float = 1.0       # a child that missed its deadline is left out of view answers this long
+    rebuild_time: float | None = None   # root: "rebuilding" instead of service_not_found this long after
+                                        # start (None: hb_timeout + hb_interval, every child is back by then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,7 @@ class AgentState:
         self.view = SubtreeView(config.push_interval)
         self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
         self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
+        self._rebuild_until: float | None = None     # set at the first event: start + rebuild time
         self._on_peer = {
             MsgType.VIEW: self._on_view,
             MsgType.DISCOVER: self._on_discover, MsgType.SERVERS: self._on_servers,
@@ -158,6 +161,10 @@ class AgentState:
 
     # -- the one way in ------------------------------------------------------
     def handle(self, event: object, now: float) -> list:
+        if self._rebuild_until is None:
+            c = self.config
+            self._rebuild_until = now + (c.rebuild_time if c.rebuild_time is not None
+                                         else c.hb_timeout + c.hb_interval)
         t = type(event)
         if t is Received:
             handler = self._on_peer.get(event.type)
@@ -369,6 +376,10 @@ class AgentState:
             return [self._to(reply_to, m.error_header(rid, "invalid_argument", str(exc)))]
         children = self.registry.offering(service)
         if not children:
+            if self.role.root and self.rebuilding(now):
+                return [self._to(reply_to, m.error_header(
+                    rid, "rebuilding", f"master agent {self.name} started recently and is rebuilding its "
+                    f"tree: {service!r} may be offered once its children are back (retry)"))]
             err = self.role.no_offer(rid, service)
             if err is not None:
                 return [self._to(reply_to, err)]
@@ -460,6 +471,11 @@ class AgentState:
         header.setdefault("name", self.name)
         return SendParent(header)
 
+    def rebuilding(self, now: float) -> bool:
+        """Whether the tree may still be incomplete: a restarted root waits a
+        few heartbeat intervals for its children to register again."""
+        return self._rebuild_until is not None and now < self._rebuild_until
+
     # -- catalogue, tree, statistics ----------------------------------------------------
     def _on_services(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         elements = self.elements(now)
@@ -468,6 +484,8 @@ class AgentState:
         keys = {e["name"]: e["public_key"] for e in elements if e.get("kind") == "sed" and e.get("public_key")}
         if keys:
             extra["keys"] = keys
+        if self.role.root and self.rebuilding(now):
+            extra["rebuilding"] = True
         return [Send(peer, m.make(MsgType.CATALOGUE, h["id"], services=self.registry.catalogue(),
                                   servers=servers, **extra))]
 

@@ -43,6 +43,29 @@ Rules worth knowing:
 - Exactly one :class:`Done` or :class:`Fail` per machine; after it every
   event is ignored.
 
+Discovery and retries (a machine built with ``discover=True`` and no
+candidates)::
+
+    NEW ──Start──▶ DISCOVERING ──Discovered──▶ WAITING ...
+                     │ DiscoveryFailed, transient (rebuilding, communication,
+                     │ no_server, timeout) ─▶ BACKOFF ──tick at retry_at──▶ DISCOVERING
+                     │ DiscoveryFailed, permanent (service_not_found, invalid_argument,
+                     │ unauthorized, protocol, ...) ─▶ FAILED
+    every candidate failed, the call safe to move ─▶ BACKOFF ─▶ DISCOVERING (failed servers excluded)
+
+- Transient conditions are retried with exponential backoff
+  (``policy.backoff_initial`` doubling to ``policy.backoff_max``) until the
+  call's deadline, or ``policy.retry_timeout`` after the start when the call
+  has none; then the last error (or a timeout naming it) ends the call.
+- Execution semantics: a server says whether the service is idempotent (in
+  the discovery answer and in ACCEPTED, ``idempotent: false``) and whether
+  the call is ``queued`` or ``running`` (ACCEPTED ``state``, PONGs, and a PONG
+  ``running`` it sends unasked when a non-idempotent call starts). A call
+  that never started is always moved. A non-idempotent call whose server is
+  lost while the call may have started (running, or state unknown: the CALL
+  went out and nothing came back) is not re-run: it fails with kind
+  ``server_lost`` (:class:`gridrpc.ServerLost`) naming the server and call id.
+
 Errors are data (:class:`CallError`: a wire error kind and a message); the
 drivers turn them into :mod:`gridrpc.errors` exceptions with
 ``error_from_wire(err.to_wire(), server=err.server)``.
@@ -58,9 +81,10 @@ __all__ = [
     "Phase", "CallPolicy", "CallError", "CallMachine", "Target",
     # events
     "Start", "CallSent", "SendFailed", "Accepted", "Pong", "Result", "Error", "Malformed", "CancelAck",
-    "Tick", "Cancel", "Abort",
+    "Tick", "Cancel", "Abort", "Discovered", "DiscoveryFailed",
     # actions
-    "SendCall", "SendPing", "SendCancel", "FailOver", "Done", "Fail",
+    "SendCall", "SendPing", "SendCancel", "FailOver", "Done", "Fail", "Discover",
+    "TRANSIENT_KINDS",
 ]
 
 
@@ -69,12 +93,17 @@ class Phase(str, enum.Enum):
     WAITING = "waiting"          # CALL sent, no ACCEPTED yet
     RUNNING = "running"          # accepted: pings until the answer
     CANCELLING = "cancelling"    # CANCEL sent for the user: waiting for the server's word
+    DISCOVERING = "discovering"  # asking the agents for candidates
+    BACKOFF = "backoff"          # a transient failure: waiting to discover again
     DONE = "done"
     FAILED = "failed"
 
 
 _LIVE = (Phase.WAITING, Phase.RUNNING)
 _FAILOVER_WHILE_WAITING = frozenset({"no_server", "service_not_found", "communication"})
+#: discovery failures worth retrying: nothing is known to be wrong with the request
+TRANSIENT_KINDS = frozenset({"rebuilding", "communication", "no_server", "timeout"})
+_NOT_STARTED = frozenset({"queued"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +116,9 @@ class CallPolicy:
     ping_timeout: float = 4.0
     failover: bool = True
     max_patience: float = 3600.0
+    retry_timeout: float = 10.0      # retry window of transient failures when the call has no deadline
+    backoff_initial: float = 0.05
+    backoff_max: float = 1.0
 
 
 class Target(Protocol):
@@ -107,13 +139,19 @@ class CallError:
     wire: dict | None = None
     timing: dict = field(default_factory=dict)
     reply: Any = None
+    call_id: str | None = None
 
     @property
     def from_server(self) -> bool:
         return self.wire is not None
 
     def to_wire(self) -> dict:
-        return self.wire if self.wire is not None else {"kind": self.kind, "message": self.message}
+        if self.wire is not None:
+            return self.wire
+        w = {"kind": self.kind, "message": self.message}
+        if self.call_id is not None:
+            w["call_id"] = self.call_id
+        return w
 
 
 # -- events (in) ------------------------------------------------------------------------------
@@ -139,6 +177,23 @@ class SendFailed:
 class Accepted:
     id: str
     patience: Any = None         # as received: validated here
+    idempotent: Any = None       # as received: False only for a service declared non-idempotent
+    state: Any = None            # as received: "queued" | "running" (None: not said)
+
+
+@dataclass(frozen=True, slots=True)
+class Discovered:
+    """The agents answered: ranked candidates (objects with ``name``,
+    ``address`` and optionally ``idempotent``)."""
+    servers: Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryFailed:
+    """The discovery failed: ``kind`` a wire error kind (``communication``
+    when no master agent answered)."""
+    kind: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +254,14 @@ class Abort:
 # -- actions (out) ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
+class Discover:
+    """Ask the agents for candidates (``attempt`` counts from 1); answer
+    with :class:`Discovered` or :class:`DiscoveryFailed`. ``timeout``: what
+    is left of the call's time, s (None: no bound)."""
+    attempt: int
+    timeout: float | None = None
+
+@dataclass(frozen=True, slots=True)
 class SendCall:
     id: str
     server: str
@@ -251,12 +314,22 @@ class CallMachine:
 
     __slots__ = ("service", "candidates", "policy", "deadline", "new_id", "noun", "phase", "index", "id",
                  "server", "address", "attempts", "sent_at", "last_news", "last_ping", "patience",
-                 "cancel_at", "failures", "now")
+                 "cancel_at", "failures", "now", "discover", "discoveries", "retry_at", "retry_until",
+                 "excluded", "last_error", "idempotent", "server_state")
 
-    def __init__(self, service: str, candidates: Sequence[Target], *, policy: CallPolicy,
-                 deadline: float | None = None, new_id: Callable[[], str], noun: str = "server") -> None:
+    def __init__(self, service: str, candidates: Sequence[Target] = (), *, policy: CallPolicy,
+                 deadline: float | None = None, new_id: Callable[[], str], noun: str = "server",
+                 discover: bool = False) -> None:
         self.service = service
         self.candidates = tuple(candidates) if policy.failover else tuple(candidates)[:1]
+        self.discover = discover            # candidates come from Discover actions (retries possible)
+        self.discoveries = 0
+        self.retry_at = math.inf
+        self.retry_until = math.inf
+        self.excluded: set[str] = set()     # servers given up on: not tried again by a rediscovery
+        self.last_error: CallError | None = None
+        self.idempotent = True              # what the current server says of the service
+        self.server_state: str | None = None  # the call's state on the current server, as last heard
         self.policy = policy
         self.deadline = deadline
         self.new_id = new_id
@@ -296,6 +369,11 @@ class CallMachine:
                 w += pi
         elif ph is Phase.CANCELLING:
             return self.cancel_at + self.policy.ack_timeout
+        elif ph is Phase.BACKOFF:
+            w = self.retry_at
+        elif ph is Phase.DISCOVERING:
+            w = self.deadline if self.deadline is not None else None
+            return w
         else:
             return None
         d = self.deadline
@@ -303,12 +381,19 @@ class CallMachine:
 
     def statistics(self) -> dict:
         return {"service": self.service, "phase": self.phase.value, "server": self.server, "id": self.id,
-                "attempts": list(self.attempts), "failures": list(self.failures), "patience": self.patience}
+                "attempts": list(self.attempts), "failures": list(self.failures), "patience": self.patience,
+                "discoveries": self.discoveries}
 
     # -- transitions -----------------------------------------------------------------------
     def _start(self, ev: Start, now: float) -> list:
         if self.phase is not Phase.NEW:
             return []
+        if self.discover and not self.candidates:
+            if self.deadline is not None and now >= self.deadline:
+                return self._fail(CallError(kind="timeout", message=f"call to {self.service} timed out "
+                                                                    "before it was sent"))
+            self.retry_until = self.deadline if self.deadline is not None else now + self.policy.retry_timeout
+            return self._discover_now(now)
         if not self.candidates:
             return self._fail(CallError(kind="no_server", message=f"no server available for {self.service!r}"))
         if self.deadline is not None and now >= self.deadline:
@@ -332,6 +417,10 @@ class CallMachine:
         if self.phase is Phase.WAITING:
             self.phase = Phase.RUNNING
         self.last_news = now
+        if ev.idempotent is False:
+            self.idempotent = False
+        if type(ev.state) is str and (self.server_state is None or ev.state != "queued"):
+            self.server_state = ev.state
         p = ev.patience
         if type(p) in (int, float) and p > 0:           # not bool, not NaN
             self.patience = min(float(p), self.policy.max_patience)
@@ -346,11 +435,15 @@ class CallMachine:
                     kind="communication", message=f"{self.server} lost call {self.id} (restarted?)",
                     server=self.server))
             self.last_news = now
+            if self.server_state != "running" or ev.state != "queued":   # never back to queued
+                self.server_state = ev.state
             if ev.state == "done":           # answered, but the RESULT never came: ask again
                 return [SendCall(self.id, self.server, self.address)]
             return []
         if self.phase is Phase.WAITING:
             self.last_news = now
+            if ev.state in ("queued", "running") and self.server_state != "running":
+                self.server_state = ev.state
         return []
 
     def _result(self, ev: Result, now: float) -> list:
@@ -390,6 +483,12 @@ class CallMachine:
     def _tick(self, ev: Tick, now: float) -> list:
         ph = self.phase
         pol = self.policy
+        if ph is Phase.BACKOFF or ph is Phase.DISCOVERING:
+            if self.deadline is not None and now >= self.deadline:
+                return self._fail(self._retry_timeout_error())
+            if ph is Phase.BACKOFF and now >= self.retry_at:
+                return self._discover_now(now)
+            return []
         if ph is Phase.CANCELLING:
             return self._fail(self._cancelled()) if now >= self.cancel_at + pol.ack_timeout else []
         if ph is not Phase.WAITING and ph is not Phase.RUNNING:
@@ -412,7 +511,7 @@ class CallMachine:
         return []
 
     def _cancel(self, ev: Cancel, now: float) -> list:
-        if self.phase is Phase.NEW:
+        if self.phase in (Phase.NEW, Phase.DISCOVERING, Phase.BACKOFF):
             return self._fail(self._cancelled())
         if self.phase not in _LIVE:
             return []
@@ -424,7 +523,55 @@ class CallMachine:
         out = [SendCancel(self.id, self.server, self.address)] if self.phase in _LIVE else []
         return out + self._fail(CallError(kind=ev.kind, message=ev.message, server=self.server or None))
 
+    def _discovered(self, ev: Discovered, now: float) -> list:
+        if self.phase is not Phase.DISCOVERING:
+            return []
+        servers = [s for s in ev.servers if s.name not in self.excluded] or list(ev.servers)
+        if not servers:
+            return self._retry_or_fail(now, CallError(kind="no_server",
+                                                      message=f"no server available for {self.service!r}"))
+        self.candidates = tuple(servers) if self.policy.failover else tuple(servers)[:1]
+        return self._send_to(0, now)
+
+    def _discovery_failed(self, ev: DiscoveryFailed, now: float) -> list:
+        if self.phase is not Phase.DISCOVERING:
+            return []
+        err = CallError(kind=ev.kind, message=ev.message)
+        if ev.kind not in TRANSIENT_KINDS:
+            return self._fail(err)
+        return self._retry_or_fail(now, err)
+
     # -- helpers ---------------------------------------------------------------------------
+    def _discover_now(self, now: float) -> list:
+        self.phase = Phase.DISCOVERING
+        self.discoveries += 1
+        left = None if self.deadline is None else max(0.0, self.deadline - now)
+        return [Discover(self.discoveries, left)]
+
+    def _retry_or_fail(self, now: float, err: CallError) -> list:
+        """A transient failure: discover again after the backoff if time is
+        left, else fail with ``err``."""
+        self.last_error = err
+        pol = self.policy
+        delay = min(pol.backoff_max, pol.backoff_initial * (2 ** max(0, self.discoveries - 1)))
+        if not self.discover or now + delay >= self.retry_until:
+            if self.deadline is not None and now + delay >= self.deadline:
+                return self._fail(self._retry_timeout_error())
+            return self._fail(err)
+        self.phase = Phase.BACKOFF
+        self.retry_at = now + delay
+        return []
+
+    def _retry_timeout_error(self) -> CallError:
+        last = f": {self.last_error.message}" if self.last_error is not None else ""
+        return CallError(kind="timeout", message=f"call to {self.service} timed out after "
+                                                 f"{self.discoveries} discovery attempt(s){last}")
+
+    def _may_have_started(self) -> bool:
+        """Whether the call may have started on the current server: known
+        running, or the CALL went out and the state is unknown."""
+        return self.server_state not in _NOT_STARTED
+
     def _send_to(self, i: int, now: float) -> list:
         c = self.candidates[i]
         self.index = i
@@ -435,6 +582,8 @@ class CallMachine:
         self.sent_at = self.last_news = now
         self.last_ping = -math.inf
         self.patience = 0.0
+        self.server_state = None
+        self.idempotent = getattr(c, "idempotent", True) is not False
         return [SendCall(self.id, self.server, self.address)]
 
     def _leave(self, now: float, reason: str, *, cancel: bool, error: CallError | None = None) -> list:
@@ -443,6 +592,14 @@ class CallMachine:
         CommunicationError listing every server's reason)."""
         out: list = [SendCancel(self.id, self.server, self.address)] if cancel else []
         self.failures.append(f"{self.server}: {reason}")
+        if (not self.idempotent and self.policy.failover and self.phase in _LIVE and self.id is not None
+                and self._may_have_started() and (cancel or error is not None and error.kind == "communication")):
+            return out + self._fail(CallError(
+                kind="server_lost", server=self.server, call_id=self.id,
+                message=f"{self.noun} {self.server} ({self.address}) was lost while running call {self.id} "
+                        f"of {self.service} ({reason}); {self.service} is not idempotent, so the call is not "
+                        f"run again: it may or may not have completed (docs/reliability.md)"))
+        self.excluded.add(self.server)
         nxt = self.index + 1
         if nxt < len(self.candidates):
             if self.deadline is not None and now >= self.deadline:
@@ -453,6 +610,8 @@ class CallMachine:
             error = CallError(kind="communication", server=self.server or None,
                               message=f"no candidate {self.noun} could run {self.service}: "
                                       + "; ".join(self.failures))
+        if self.discover and self.policy.failover and error.kind in _FAILOVER_WHILE_WAITING:
+            return out + self._retry_or_fail(now, error)
         return out + self._fail(error)
 
     def _timeout_error(self) -> CallError:
@@ -479,4 +638,5 @@ _HANDLERS: dict[type, Callable[[CallMachine, Any, float], list]] = {
     Accepted: CallMachine._accepted, Pong: CallMachine._pong, Result: CallMachine._result,
     Error: CallMachine._error, Malformed: CallMachine._malformed, CancelAck: CallMachine._cancel_ack,
     Tick: CallMachine._tick, Cancel: CallMachine._cancel, Abort: CallMachine._abort,
+    Discovered: CallMachine._discovered, DiscoveryFailed: CallMachine._discovery_failed,
 }

@@ -91,6 +91,8 @@ class ChildRegistry:
                 services[s["name"]] = {"doc": s.get("doc") or "", "params": s.get("params") or []}
                 if s.get("aggregator") is not None and _known_aggregator(s["aggregator"]):
                     services[s["name"]]["aggregator"] = s["aggregator"]
+                if s.get("idempotent") is False:         # shown in the catalogue (retry semantics)
+                    services[s["name"]]["idempotent"] = False
             elif isinstance(s, str):
                 services[s] = {"doc": "", "params": []}
         info = {k: header.get(k) for k in ("kind", "address", "host", "pid", "started")}

@@ -30,8 +30,8 @@ from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, F
 from ..core.messages import MsgType
 from ..transport.channel import host_of
 from ..transport.endpoint import DEFAULT_MAX_MESSAGE, Endpoint, Incoming
+from ..transport.parent_link import ParentLink, parent_link
 from ..transport.security import Security
-from ..transport.parent_link import ParentLink
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,9 @@ class AgentRuntime:
                  role: Role | None = None, hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  discovery_budget: float = 2.0, orphan_timeout: float | None = None,
                  seed: int | None = None, socket_options: Mapping[int, object] | None = None,
-                 security: Security | None = None, parent_key: bytes | None = None,
-                 max_message_size: int = DEFAULT_MAX_MESSAGE) -> None:
+                 security: Security | None = None, parent_key: bytes | list | None = None,
+                 max_message_size: int = DEFAULT_MAX_MESSAGE,
+                 rebuild_time: float | None = None, peers: list[str] | tuple[str, ...] = ()) -> None:
         self.name = name
         self.security = security
         self.parent_key = parent_key
@@ -54,7 +55,7 @@ class AgentRuntime:
         self.orphan_timeout = orphan_timeout
         self.state = AgentState(
             AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
-                        discovery_budget=discovery_budget),
+                        discovery_budget=discovery_budget, rebuild_time=rebuild_time),
             role or LocalRole(), random.Random(seed))
         handle = self._on_message
         self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},
@@ -63,6 +64,8 @@ class AgentRuntime:
                                  max_message_size=max_message_size)
         self.address: str | None = None
         self.link: ParentLink | None = None
+        self.peers = list(peers)            # federated MAs of other trees (gridrpc.runtime.federation)
+        self.federation = None
         self.started = time.time()
         self.closed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,7 +112,7 @@ class AgentRuntime:
                                host=host_of(self.address or "") or socket.gethostname(),
                                pid=os.getpid(), started=self.started)
         if self.parent and not self.state.role.root:
-            self.link = ParentLink(name=self.name, parent=self.parent, register_info=self._register_info,
+            self.link = parent_link(name=self.name, parent=self.parent, register_info=self._register_info,
                                    heartbeat_info=self._heartbeat_info, on_message=self._on_parent,
                                    hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
                                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,

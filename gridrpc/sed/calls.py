@@ -44,6 +44,8 @@ class _Call(CallRecord):
     task: asyncio.Task | None = None
     ack_timer: asyncio.TimerHandle | None = None
     options: dict = field(default_factory=dict)    # per-call options of the back-end (batch: _batch)
+    last_contact: float = field(default_factory=time.time)   # last word from the client (CALL, PING): orphan detection
+    orphaned: bool = False          # the client went away; left to finish (on_orphan policy)
 
 
 class CallsMixin:
@@ -60,6 +62,10 @@ class CallsMixin:
                                 f"SeD {self.name} (a call is answered, cancelled or pinged only by its owner)")
         dup = self.lifecycle.duplicate(cid)
         if dup is not None:
+            live = self.calls.get(cid)
+            if live is not None:
+                live.last_contact = time.time()
+                live.orphaned = False
             self._answer_duplicate(route, dup)
             return
         size = sum(len(b) for b in buffers)
@@ -92,7 +98,7 @@ class CallsMixin:
         now = time.time()
         call = _Call(id=cid, sed=r.name, service=svc.name, user=_user(msg), owner=who,
                      optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
-                     args=args, kwargs=kwargs, options=options, workdir=workdir)
+                     args=args, kwargs=kwargs, options=options, workdir=workdir, last_contact=now)
         self.stats["calls"] += 1
         r.last_solve = now
         log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, call.user,
@@ -100,7 +106,7 @@ class CallsMixin:
         self.admit(call, now)
         if self.calls.get(cid) is not call:
             return
-        if ex.ack_delay > 0 and call.state is CallState.RUNNING:
+        if ex.ack_delay > 0 and call.state is CallState.RUNNING and svc.idempotent:
             # a call that starts at once and ends quickly needs no separate ACCEPTED:
             # the RESULT acknowledges it (one message less per call)
             call.ack_timer = asyncio.get_running_loop().call_later(ex.ack_delay, self._send_ack, call)
@@ -117,6 +123,9 @@ class CallsMixin:
         h = m.make(MsgType.ACCEPTED, call.id, sed=call.replica.name)
         if duplicate:
             h["duplicate"] = True
+        h["state"] = "running" if call.state is CallState.RUNNING else "queued"
+        if not call.svc.idempotent:
+            h["idempotent"] = False
         h.update(self.execution.ack_fields(call))
         return h
 
@@ -187,6 +196,8 @@ class CallsMixin:
             call = self.calls.get(i)
             if call is not None:
                 call.route = msg.route          # the asker may have a new route (reconnected)
+                call.last_contact = time.time()
+                call.orphaned = False
             elif cache.held(i):                 # an answer kept for a client who was away
                 self._deliver_kept(msg.route, i, cache.answer(i))
             elif states[i] == "done" and cache.answer(i) is None:
@@ -199,6 +210,10 @@ class CallsMixin:
             if isinstance(a, Run):
                 if not self._closing:
                     now = time.time()
+                    if not a.call.svc.idempotent and a.call.route:
+                        # tell the client before the work starts: from now on it is not moved elsewhere
+                        self.endpoint.send(a.call.route, m.make(MsgType.PONG, a.call.id, name=a.call.replica.name,
+                                                                calls={a.call.id: "running"}))
                     self._event(EventKind.CALL_STARTED, a.call, now, duration=now - a.call.received)
                     a.call.task = asyncio.get_running_loop().create_task(self._execute(a.call))
             elif isinstance(a, Stop):
@@ -227,6 +242,30 @@ class CallsMixin:
             call.id, kind, f"call {reason} on {call.replica.name}" + (
                 " (a mandatory request needed the server)" if kind == "preempted" else ""),
             **self.timing(call)), ok=False)
+
+    def sweep_orphans(self, now: float) -> None:
+        """Calls whose client sent nothing for ``orphan_call_timeout`` (it
+        pings every ``ping_interval`` while it waits): killed, or left to
+        finish with the answer kept for a client that comes back, per the
+        service's ``on_orphan`` policy."""
+        limit = self.orphan_call_timeout
+        if limit is None or limit <= 0:
+            return
+        for call in list(self.calls.values()):
+            if call.orphaned or now - call.last_contact <= limit:
+                continue
+            policy = call.svc.orphan_policy()
+            if policy == "kill":
+                self.stats["orphans_killed"] += 1
+                log.warning("SeD %s: call %s of %s: client silent for %.0fs: killed (orphan)", call.replica.name,
+                            call.id, call.service, now - call.last_contact)
+                _prev, actions = self.lifecycle.cancel(call.id, now)
+                self._apply(call.replica, actions)
+            else:
+                call.orphaned = True
+                self.stats["orphans_finished"] += 1
+                log.warning("SeD %s: call %s of %s: client silent for %.0fs: left to finish, answer kept "
+                            "(orphan)", call.replica.name, call.id, call.service, now - call.last_contact)
 
     def timing(self, call: _Call) -> dict:
         t = {"received": call.received, "started": call.started, "ended": time.time()}

@@ -40,11 +40,11 @@ from ..core.view import PushRule, split_common
 from ..errors import ConfigError
 from ..transport.channel import host_of
 from ..transport.endpoint import Endpoint
-from ..transport.parent_link import ParentLink
+from ..transport.parent_link import ParentLink, parent_link
 from .backends import ExecutionBackend, make_backend
 from .calls import CallsMixin, _Call
 from .hostinfo import HostInfo
-from .services import Service, load_spec, make_service
+from .services import ORPHAN_POLICIES, Service, load_spec, make_service
 
 __all__ = ["SeD", "Replica", "DEFAULT_MAX_MESSAGE"]
 
@@ -83,7 +83,7 @@ class SeD(CallsMixin):
                  seed: int | None = None, queue_options: dict | None = None,
                  result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES,
                  execution: ExecutionBackend | None = None, security: Security | None = None,
-                 parent_key: bytes | None = None) -> None:
+                 parent_key: bytes | list | None = None, orphan_call_timeout: float = 30.0) -> None:
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be >= 1")
         if replicas < 1:
@@ -106,6 +106,7 @@ class SeD(CallsMixin):
         self.hb_timeout = hb_timeout
         self.max_message_size = max_message_size
         self.orphan_timeout = orphan_timeout
+        self.orphan_call_timeout = orphan_call_timeout    # a call's client silent this long: orphaned
         self.services: dict[str, Service] = {}
         self.functions: dict[str, Callable] = {}       # service -> callable (what the workers run)
         rng = random.Random(seed)
@@ -132,7 +133,8 @@ class SeD(CallsMixin):
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
         self.started = time.time()
-        self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0}
+        self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0, "orphans_killed": 0,
+                      "orphans_finished": 0}
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.closed = asyncio.Event()
         self._closing = False
@@ -162,7 +164,8 @@ class SeD(CallsMixin):
 
     # -- services -------------------------------------------------------
     def service(self, name: str | None = None, *, estimate: Callable | None = None, doc: str | None = None,
-                aggregator: Any = None, estimate_uses_args: bool | None = None):
+                aggregator: Any = None, estimate_uses_args: bool | None = None,
+                idempotent: bool | None = None, on_orphan: str | None = None):
         """Decorator: ``@sed.service("add")``. ``estimate(vector, args)`` may
         return a dict of tags that add to or override the standard ones.
         ``aggregator`` (a name or ``{"name", "params"}``) ranks this service's
@@ -171,7 +174,12 @@ class SeD(CallsMixin):
         ``estimate_uses_args=False``: ``estimate`` does not read the request's
         arguments, so the service's estimation is pushed and discoveries are
         answered from the agents' view (a service with its own ``estimate``
-        is taken as request-dependent otherwise: always a fan-out)."""
+        is taken as request-dependent otherwise: always a fan-out).
+        ``idempotent=False``: a call whose server died after it started is
+        not run again (the client gets :class:`gridrpc.ServerLost`).
+        ``on_orphan``: ``kill`` | ``finish`` | ``auto`` (default: kill
+        idempotent calls, let the others finish and keep the result) for a
+        call whose client stopped pinging for ``orphan_call_timeout``."""
         if callable(name):  # used as @sed.service without parentheses
             fn, name = name, None
             self.add_service(fn.__name__, fn)
@@ -179,13 +187,14 @@ class SeD(CallsMixin):
 
         def deco(fn):
             self.add_service(name or fn.__name__, fn, estimate=estimate, doc=doc, aggregator=aggregator,
-                             estimate_uses_args=estimate_uses_args)
+                             estimate_uses_args=estimate_uses_args, idempotent=idempotent, on_orphan=on_orphan)
             return fn
         return deco
 
     def add_service(self, name: str, fn: Callable | str, *, estimate: Callable | None = None,
                     doc: str | None = None, aggregator: Any = None,
-                    estimate_uses_args: bool | None = None) -> None:
+                    estimate_uses_args: bool | None = None, idempotent: bool | None = None,
+                    on_orphan: str | None = None) -> None:
         """``fn`` is a callable or ``"module:function"``. On a back-end running
         calls elsewhere (batch jobs, VMs) a ``module:function`` that cannot be
         imported here is still offered, without argument checks."""
@@ -209,6 +218,12 @@ class SeD(CallsMixin):
                           aggregator=aggregator)
         if estimate_uses_args is not None:
             svc.estimate_uses_args = estimate_uses_args
+        if idempotent is not None:
+            svc.idempotent = bool(idempotent)
+        if on_orphan is not None:
+            if on_orphan not in ORPHAN_POLICIES:
+                raise ConfigError(f"on_orphan must be one of {', '.join(ORPHAN_POLICIES)}, not {on_orphan!r}")
+            svc.on_orphan = on_orphan
         self.services[svc.name] = svc
         self.functions[svc.name] = svc.fn
         ex.services_changed(svc.name, fn)
@@ -236,7 +251,7 @@ class SeD(CallsMixin):
         self.address = self.endpoint.address
         if self.parent:
             for r in self.replicas.values():
-                r.link = ParentLink(
+                r.link = parent_link(
                     name=r.name, parent=self.parent,
                     register_info=lambda r=r: self._register_info(r),
                     heartbeat_info=lambda r=r: {"load": self._load(r)},
@@ -357,6 +372,9 @@ class SeD(CallsMixin):
             if self._public_key:                     # under CURVE the client pins it from the answer
                 for s in servers:
                     s["public_key"] = self._public_key
+            if svc is not None and not svc.idempotent:
+                for s in servers:
+                    s["idempotent"] = False
             reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
             if len(mine) > 1:
                 reply["names"] = [rep.name for rep in mine]
@@ -379,8 +397,9 @@ class SeD(CallsMixin):
 
     async def _housekeeping(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, self.orphan_call_timeout / 4))
             self.host.refresh()
+            self.sweep_orphans(time.time())
 
     def statistics(self) -> dict:
         return {"name": self.name, "address": self.address, "replicas": len(self.replicas), "workers": 0,

@@ -35,12 +35,25 @@ class Service:
         """Its estimation does not depend on a request's arguments: pushed to
         the parent, and discoveries may be answered from the view."""
         return self.estimate is None or self.estimate_uses_args is False
+    idempotent: bool = True         # False: a call whose server died after it started is not re-run
+    on_orphan: str = "auto"         # a running call whose client is gone: kill | finish | auto
 
     def describe(self) -> dict:
         d = {"name": self.name, "doc": self.doc, "params": self.params}
         if self.aggregator is not None:
             d["aggregator"] = self.aggregator
+        if not self.idempotent:
+            d["idempotent"] = False
         return d
+
+    def orphan_policy(self) -> str:
+        """What to do with a call whose client went away: ``kill`` it (an
+        idempotent call can simply be run again) or let it ``finish`` and
+        keep its result for a reconnecting client (``auto``: kill idempotent
+        services, finish the others)."""
+        if self.on_orphan in ("kill", "finish"):
+            return self.on_orphan
+        return "kill" if self.idempotent else "finish"
 
     def check(self, args: list, kwargs: dict) -> None:
         """Wrong number, names or types of arguments -> one InvalidArgument
@@ -146,7 +159,29 @@ def make_service(name: str | None, fn: Callable, *, doc: str | None = None,
                            "kind": p.kind.name.lower()})
     return Service(name=name or fn.__name__, fn=fn, doc=doc if doc is not None else (inspect.getdoc(fn) or ""),
                    params=params, estimate=estimate, signature=sig,
-                   aggregator=aggregator if aggregator is not None else getattr(fn, "__gridrpc_aggregator__", None))
+                   aggregator=aggregator if aggregator is not None else getattr(fn, "__gridrpc_aggregator__", None),
+                   idempotent=getattr(fn, "__gridrpc_idempotent__", True) is not False,
+                   on_orphan=str(getattr(fn, "__gridrpc_on_orphan__", "auto")))
+
+
+ORPHAN_POLICIES = ("auto", "kill", "finish")
+
+
+def split_spec_options(spec: str) -> tuple[str, dict]:
+    """``[name=]module:func[,idempotent=false][,on_orphan=kill]`` -> (spec, options)."""
+    head, *opts = spec.split(",")
+    out: dict = {}
+    for o in opts:
+        key, sep, value = o.strip().partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip().lower()
+        if key == "idempotent" and sep and value in ("true", "yes", "1", "false", "no", "0"):
+            out["idempotent"] = value in ("true", "yes", "1")
+        elif key == "on_orphan" and sep and value in ORPHAN_POLICIES:
+            out["on_orphan"] = value
+        else:
+            raise ConfigError(f"service spec {spec!r}: unknown option {o!r} (idempotent=true|false, "
+                              f"on_orphan={'|'.join(ORPHAN_POLICIES)})")
+    return head, out
 
 
 def load_spec(spec: str) -> Service:

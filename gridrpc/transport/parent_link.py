@@ -165,3 +165,86 @@ class ParentLink:
                 self.send(m.make(MsgType.UNREGISTER, self._next_id(), name=self.name))
                 await asyncio.sleep(0.01)
             self.channel.close()
+
+
+class MultiParentLink:
+    """A child attached to several parents at once (active-active master
+    agents, ``--parent a,b``): one :class:`ParentLink` per parent, each with
+    its own registration and heartbeats. A reply to a parent's request (same
+    ``id``) goes back over the link the request came from; anything else
+    (``update``) goes to every parent. Orphaned only when every parent is lost."""
+
+    _REPLY_MEMORY = 4096
+
+    def __init__(self, *, parents: list[str], on_message: Callable[[MsgType, dict, list], None],
+                 on_orphaned: Callable[[], None] | None = None, parent_keys: list | None = None,
+                 **kw) -> None:
+        self.parents = list(parents)
+        self.parent = ",".join(self.parents)
+        self.name = kw.get("name", "")
+        self._on_message = on_message
+        self._on_orphaned = on_orphaned
+        self._reply_to: dict[str, ParentLink] = {}
+        keys = parent_keys or [None] * len(self.parents)
+        self.links = [ParentLink(parent=p, on_message=self._recv_from(i), on_orphaned=self._orphaned,
+                                 parent_key=keys[i], **kw)
+                      for i, p in enumerate(self.parents)]
+        self.attach_event = asyncio.Event()
+
+    def _recv_from(self, i: int) -> Callable[[MsgType, dict, list], None]:
+        def recv(mt: MsgType, h: dict, frames: list) -> None:
+            if len(self._reply_to) >= self._REPLY_MEMORY:
+                self._reply_to.pop(next(iter(self._reply_to)))
+            self._reply_to[h["id"]] = self.links[i]
+            self._on_message(mt, h, frames)
+        return recv
+
+    @property
+    def attached(self) -> bool:
+        return any(link.attached for link in self.links)
+
+    def _orphaned(self) -> None:
+        if self._on_orphaned is not None and not self.attached:
+            self._on_orphaned()
+
+    def start(self) -> None:
+        for link in self.links:
+            link.start()
+        self._watch = asyncio.get_running_loop().create_task(self._watch_attach())
+
+    async def _watch_attach(self) -> None:
+        waits = [asyncio.ensure_future(link.attach_event.wait()) for link in self.links]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            self.attach_event.set()
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def send(self, header: dict, buffers: list = ()) -> None:
+        link = self._reply_to.pop(header.get("id"), None)
+        for target in ([link] if link is not None else self.links):
+            target.send(header, buffers)
+
+    def update(self) -> None:
+        for link in self.links:
+            link.update()
+
+    async def aclose(self, unregister: bool = True) -> None:
+        watch = getattr(self, "_watch", None)
+        if watch is not None and not watch.done():
+            watch.cancel()
+        for link in self.links:
+            await link.aclose(unregister)
+
+
+def parent_link(*, parent: str, **kw) -> "ParentLink | MultiParentLink":
+    """A link to ``parent``, or to each of several comma-separated parents."""
+    parents = [p.strip() for p in parent.split(",") if p.strip()] if isinstance(parent, str) else list(parent)
+    key = kw.pop("parent_key", None)
+    keys = list(key) if isinstance(key, (list, tuple)) else [key] * len(parents)
+    if len(keys) != len(parents):
+        raise ValueError(f"{len(parents)} parents but {len(keys)} parent keys: give one key per parent")
+    if len(parents) == 1:
+        return ParentLink(parent=parents[0], parent_key=keys[0], **kw)
+    return MultiParentLink(parents=parents, parent_keys=keys, **kw)

@@ -87,7 +87,9 @@ def test_sed_rejects_malformed(tree, frames, kind):
 
 def test_dead_ma_gives_communication_error():
     from tests.proc_tree import free_port
-    with gridrpc.Client(f"tcp://127.0.0.1:{free_port()}", discovery_timeout=0.5) as c:
+    # an unreachable MA is transient (it may be restarting): retried within
+    # retry_timeout, then a clear error
+    with gridrpc.Client(f"tcp://127.0.0.1:{free_port()}", discovery_timeout=0.5, retry_timeout=1.0) as c:
         t = time.monotonic()
         with pytest.raises(gridrpc.CommunicationError, match="did not answer"):
             c.call("add", 1, 2)

@@ -106,6 +106,8 @@ class AsyncClient:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if getattr(self, "_data_client", None) is not None:
+            self._data_client.close()
         if self._ma:
             self._ma.close()
         for ch in self._seds.values():
@@ -181,30 +183,37 @@ class AsyncClient:
 
     # -- calls ------------------------------------------------------------
     async def call(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                   timeout: float | None = None, aggregator: Any = None, **kwargs):
-        """Call and wait for the result (no Task per call: the fast path)."""
+                   timeout: float | None = None, aggregator: Any = None, keep_result: Any = False, **kwargs):
+        """Call and wait for the result (no Task per call: the fast path).
+        ``keep_result``: True or a data mode: the result stays on the SeD and
+        a :class:`~gridrpc.client.data.DataRef` is returned."""
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
         call.optional = bool(optional)
         return await self._run(call, args, kwargs, server, timeout if timeout is not None else self.timeout,
-                               aggregator)
+                               aggregator, keep_result)
 
     async def submit(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                     timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
+                     timeout: float | None = None, aggregator: Any = None, keep_result: Any = False,
+                     **kwargs) -> Call:
         """Start a call; returns its :class:`Call` at once (``await call`` for the result)."""
         return self.submit_nowait(service, *args, optional=optional, server=server, timeout=timeout,
-                                  aggregator=aggregator, **kwargs)
+                                  aggregator=aggregator, keep_result=keep_result, **kwargs)
 
     def submit_nowait(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                      timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
+                      timeout: float | None = None, aggregator: Any = None, keep_result: Any = False,
+                      **kwargs) -> Call:
         """Like :meth:`submit`, as a plain function (call it from the client's loop)."""
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
         call.optional = bool(optional)
+        if keep_result:
+            call._keep = _data().keep_spec(keep_result)
         task = self.loop.create_task(self._run(call, args, kwargs, server,
-                                               timeout if timeout is not None else self.timeout, aggregator))
+                                               timeout if timeout is not None else self.timeout, aggregator,
+                                               keep_result))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         call._bind(task)
@@ -220,7 +229,18 @@ class AsyncClient:
         from .optional import run_optional
         return await run_optional(self, service, mandatory, optional, deadline, max_servers, **kw)
 
-    async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator):
+    async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator, keep_result=False):
+        keep = light = None
+        if keep_result or (args or kwargs) and _data().has_data(args, kwargs):
+            d = _data()          # references and pending calls as arguments (gridrpc.client.data)
+            keep = getattr(call, "_keep", None) or d.keep_spec(keep_result)
+            call._keep = keep
+            args, kwargs, refs = await d.prepare_args(self, args, kwargs)
+            if refs:
+                server = server or d.sticky_holder(refs)
+                light = list(args) + list(kwargs.values())
+                if aggregator is None and self.options.aggregator in (None, "default"):
+                    aggregator = "locality"
         buffers: list = []
         tree_args = codec.encode(list(args), buffers, read_file)
         tree_kwargs = codec.encode(dict(kwargs), buffers, read_file)
@@ -229,11 +249,13 @@ class AsyncClient:
             raise MessageTooLarge(f"arguments of {call.service} are {size} bytes; the maximum message "
                                   f"size is {self.options.max_message_size} (Client(max_message_size=...))")
         deadline = None if timeout is None else self.loop.time() + timeout
-        candidates = await self._candidates(call, server, aggregator)
+        candidates = await self._candidates(call, server, aggregator, light or ())
         if self.closed:
             raise CommunicationError("client is closed")
         header = m.make(MsgType.CALL, "", service=call.service, args=tree_args, kwargs=tree_kwargs,
                         user=self.user, optional=call.optional)
+        if keep is not None:
+            header["keep"] = keep
         machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
         flight = call._flight = self._driver.launch(machine, header, buffers, call)
         try:
@@ -243,7 +265,7 @@ class AsyncClient:
             raise
         if type(outcome) is Done:
             call.timing = outcome.timing
-            return outcome.value
+            return outcome.value if keep is None else _data().to_ref(self, outcome.value)
         exc = exception_for(outcome.error)
         if isinstance(exc, CallCancelled):
             exc.timing = call.timing = outcome.error.timing      # the server's, when it sent them
@@ -251,13 +273,32 @@ class AsyncClient:
             call.timing = {}
         raise exc
 
-    async def _candidates(self, call: Call, server, aggregator) -> list[ServerInfo]:
+    async def _candidates(self, call: Call, server, aggregator, args=()) -> list[ServerInfo]:
         if isinstance(server, ServerInfo):
             return [server]
         if isinstance(server, str):
             return [await self.resolve(server)]
         return await self.discover(call.service, self.max_candidates if self.failover else 1,
-                                   aggregator=aggregator, args=(), optional=call.optional)
+                                   aggregator=aggregator, args=args, optional=call.optional)
+
+    # -- data held on SeDs (gridrpc.client.data) ----------------------------
+    @property
+    def data(self):
+        if getattr(self, "_data_client", None) is None:
+            self._data_client = _data().DataClient(self)
+        return self._data_client
+
+    async def put(self, value, *, server: str | ServerInfo | None = None, service: str | None = None,
+                  mode: str = "persistent", timeout: float | None = None):
+        """Store ``value`` on a SeD (``server``, else one offering ``service``,
+        else the tree's least loaded in data); returns a ``DataRef``."""
+        return await self.data.put(value, server=server, service=service, mode=mode, timeout=timeout)
+
+    async def get(self, ref, timeout: float | None = None):
+        return await ref.aget(timeout)
+
+    async def free(self, ref) -> None:
+        await ref.afree()
 
     async def _cancel_remote(self, call: Call) -> None:
         """Cancel ``call`` on its server; returns when the server confirmed (or
@@ -284,6 +325,11 @@ class AsyncClient:
 
     def _decode(self, header: dict, frames: list):
         return codec.decode(header.get("value"), [f.buffer for f in frames[1:]], self.sink)
+
+
+def _data():
+    from . import data
+    return data
 
 
 def _on_attempt(flight: Flight, a: SendCall) -> None:

@@ -52,6 +52,11 @@ class MsgType(str, enum.Enum):
     PING = "ping"
     PONG = "pong"                    # calls: {id: state} for ids asked in ping
     ERROR = "error"                  # error: {kind, type, message, traceback}
+    # data held on SeDs (client/SeD -> SeD; gridrpc.sed.data)
+    DATA_PUT = "data_put"            # ref, user, mode, value (+frames) | source {name, address}
+    DATA_GET = "data_get"            # ref, user, call, wait, transfer
+    DATA_FREE = "data_free"          # ref, user
+    DATA = "data"                    # answer: ref, holder, size, mode [, value (+frames)]
 
 
 _BY_VALUE = {m.value: m for m in MsgType}

@@ -55,6 +55,9 @@ class CallsMixin:
         h, route, buffers = msg.header, msg.route, msg.buffers
         cid = h["id"]
         dup = self.lifecycle.duplicate(cid)
+        if dup is None and cid in self.data.resolving:      # still fetching its data: acknowledge again
+            self.data.resolving[cid][0].route = route
+            return self.endpoint.send(route, self._accepted(self.data.resolving[cid][0], duplicate=True))
         if dup is not None:
             self._answer_duplicate(route, dup)
             return
@@ -93,6 +96,12 @@ class CallsMixin:
         r.last_solve = now
         log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, call.user,
                   " (optional)" if call.optional else "")
+        try:
+            if self.data.on_call(call, h):          # kept result; references fetched first, then admitted
+                return
+        except GridRPCError as exc:
+            ex.remove_workdir(workdir)
+            return self._reject(route, cid, "data", str(exc), type_=type(exc).__name__)
         self.admit(call, now)
         if self.calls.get(cid) is not call:
             return
@@ -156,6 +165,9 @@ class CallsMixin:
 
     def _on_cancel(self, msg: Incoming) -> None:
         cid = msg.id
+        if self.data.cancel(cid):
+            self.stats["cancelled"] += 1
+            return self.endpoint.reply(msg, m.make(MsgType.CANCELLED, cid, state="queued"))
         call = self.calls.get(cid)
         if call is not None:
             self.stats["cancelled"] += 1
@@ -171,7 +183,7 @@ class CallsMixin:
         for i in ids if isinstance(ids, list) else []:
             if not isinstance(i, str) or i in states:
                 continue
-            states[i] = self.lifecycle.state(i)
+            states[i] = self.data.state(i) or self.lifecycle.state(i)
             call = self.calls.get(i)
             if call is not None:
                 call.route = msg.route          # the asker may have a new route (reconnected)
@@ -265,6 +277,7 @@ class CallsMixin:
         if call.ack_timer is not None:
             call.ack_timer.cancel()
             call.ack_timer = None
+        header, buffers, ok = self.data.answering(call, header, buffers, ok)   # kept results, data waiters
         task = call.task
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():
             task.cancel()                       # answered by its back-end (e.g. at shutdown): stop waiting

@@ -10,9 +10,10 @@ contract is docs/api.md). The GridRPC standard API is the ``gridrpc.grpc``
 module.
 """
 from .client import AsyncClient, Call, Client, ClientOptions, Handle, ServerInfo, wait
-from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, GridRPCError,
-                     InvalidArgument, MessageTooLarge, NoServerAvailable, ProtocolError, RemoteError,
-                     Refused, ServerLost, ServiceNotFound, Timeout, WorkerDied)
+from .client.data import DataRef
+from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, DataAccessDenied, DataError,
+                     DataLost, GridRPCError, InvalidArgument, MessageTooLarge, NoServerAvailable, ProtocolError,
+                     Refused, RemoteError, ServerLost, ServiceNotFound, Timeout, WorkerDied)
 from .files import File
 from .local_agent import LocalAgent
 from .master_agent import MasterAgent
@@ -24,12 +25,12 @@ __all__ = [
     # clients
     "Client", "AsyncClient", "ClientOptions", "Call", "Handle", "ServerInfo", "wait",
     # values
-    "File",
+    "File", "DataRef",
     # elements of the tree
     "MasterAgent", "LocalAgent", "SeD",
     # errors (one root: GridRPCError)
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
     "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
-    "RemoteError", "WorkerDied", "ServerLost",
+    "RemoteError", "WorkerDied", "ServerLost", "DataError", "DataLost", "DataAccessDenied",
     "__version__",
 ]

@@ -14,8 +14,11 @@
     │   └── CallPreempted         killed by the server's fair queue for a mandatory call
     ├── MessageTooLarge           a message exceeds the configured maximum size
     ├── InvalidArgument           a value gridrpc cannot send (object arrays, ...)
-    └── RemoteError               the service raised; .remote_type, .remote_traceback
-        └── WorkerDied            the worker process running the call died
+    ├── RemoteError               the service raised; .remote_type, .remote_traceback
+    │   └── WorkerDied            the worker process running the call died
+    └── DataError                 a data reference cannot be stored or used
+        ├── DataLost              freed, evicted, holder lost, producer failed (names ref + reason)
+        └── DataAccessDenied      the reference belongs to another user
 
 Transport errors are translated to these in one place (``gridrpc.transport``).
 """
@@ -133,3 +136,19 @@ def error_from_wire(err: dict, server: str | None = None) -> GridRPCError:
         exc = cls(msg)
     exc.kind = kind if isinstance(kind, str) else "remote"     # the wire kind (e.g. "rebuilding")
     return exc
+
+
+class DataError(GridRPCError):
+    """A data reference cannot be stored or used (budget full, bad mode)."""
+
+
+class DataLost(DataError):
+    """A data reference is gone (freed, evicted, its holder lost, its producer failed);
+    the message names the reference and the reason."""
+
+
+class DataAccessDenied(DataError):
+    """A data reference used by a user who does not own it."""
+
+
+ERROR_KINDS.update({"data": DataError, "data_lost": DataLost, "data_denied": DataAccessDenied})

@@ -14,7 +14,7 @@ from gridrpc.errors import ProtocolError
 
 WIRE_TYPES = ["register", "registered", "unregister", "heartbeat", "heartbeat_ack", "discover",
               "servers", "services", "catalogue", "call", "accepted", "result", "cancel",
-              "cancelled", "ping", "pong", "error", "view"]
+              "cancelled", "ping", "pong", "error", "view", "data_put", "data_get", "data_free", "data"]
 
 #: the smallest valid header of each type (besides v, type, id)
 REQUIRED = {
@@ -36,6 +36,10 @@ REQUIRED = {
     "pong": {},
     "error": {"error": {"kind": "remote", "type": "ValueError", "message": "m", "traceback": ""}},
     "view": {"name": "sed-1"},
+    "data_put": {"ref": "r1"},
+    "data_get": {"ref": "r1"},
+    "data_free": {"ref": "r1"},
+    "data": {"ref": "r1"},
 }
 
 #: every field each peer sends today (SeD, agents, clients, batch and cloud SeDs)
@@ -82,6 +86,11 @@ FULL = {
               "batch": {"job_id": "7"}},
     "view": {"name": "LA1", "entries": [{"name": "sed-1", "services": {"add": {"eft": 1.0, "num_waiting": 0}},
                                          "age_ms": 1.5}], "gone": ["sed-2"]},
+    "data_put": {"ref": "r-1", "sed": "sed-1", "user": "alice", "mode": "sticky", "value": {"__t": "nd", "i": 0},
+                 "source": {"name": "sed-2", "address": "tcp://h:2"}},
+    "data_get": {"ref": "r-1", "user": "alice", "call": False, "wait": 10, "transfer": True, "sed": "sed-1"},
+    "data_free": {"ref": "r-1", "user": "alice"},
+    "data": {"ref": "r-1", "holder": "sed-1", "size": 800, "mode": "persistent_return", "value": [1]},
 }
 
 
@@ -119,7 +128,8 @@ def test_the_required_fields():
         ("register", "name"), ("register", "kind"), ("register", "services"), ("unregister", "name"),
         ("heartbeat", "name"), ("heartbeat_ack", "known"), ("discover", "service"), ("discover", "k"),
         ("servers", "servers"), ("catalogue", "services"), ("call", "service"), ("call", "args"),
-        ("call", "kwargs"), ("error", "error"), ("view", "name")]
+        ("call", "kwargs"), ("error", "error"), ("view", "name"), ("data_put", "ref"), ("data_get", "ref"),
+        ("data_free", "ref"), ("data", "ref")]
 
 
 @pytest.mark.parametrize("type_, field", REQUIRED_FIELDS)
@@ -135,6 +145,11 @@ def test_required_field_missing_or_null_is_refused_naming_it(type_, field, how):
 
 
 BAD = [
+    # data held on SeDs: reference ids are request ids, never paths
+    ("data_put", "ref", "../etc/passwd"), ("data_put", "ref", ".."), ("data_put", "mode", "forever"),
+    ("data_put", "source", {"name": "../x", "address": "tcp://h:1"}), ("data_get", "ref", "a/b"),
+    ("data_get", "wait", -1), ("data_free", "ref", 5), ("data", "size", -1),
+    ("call", "keep", {"ref": "a/b", "mode": "persistent"}), ("call", "keep", {"ref": "r", "mode": "x"}),
     # tree maintenance
     ("register", "name", 5), ("register", "name", ""), ("register", "name", "two words"),
     ("register", "name", "x" * 65), ("register", "name", "../x"), ("register", "name", "-lead"),

@@ -9,11 +9,11 @@ import gridrpc
 #: exactly gridrpc.__all__
 PUBLIC = {
     "Client", "AsyncClient", "ClientOptions", "Call", "Handle", "ServerInfo", "wait",
-    "File",
+    "File", "DataRef",
     "MasterAgent", "LocalAgent", "SeD",
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
     "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
-    "RemoteError", "WorkerDied", "ServerLost",
+    "RemoteError", "WorkerDied", "ServerLost", "DataError", "DataLost", "DataAccessDenied",
     "__version__",
 }
 

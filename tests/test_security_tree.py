@@ -112,3 +112,26 @@ def test_replicas_register_under_their_process_key(tmp_path):
         assert sorted(t.registered_seds()) == ["sed-ma-1-1", "sed-ma-1-2", "sed-ma-1-3"]
         with gridrpc.Client(t.ma_address, keys=keys, user="alice") as c:
             assert c.call("add", 2, 2) == 4
+
+
+def test_data_references_belong_to_the_keys_user(tmp_path):
+    """Under CURVE a reference is usable only by the key that stored it,
+    whatever user name the other key's header claims."""
+    keys = str(tmp_path / "k")
+    with LocalTree(las=0, seds_under_ma=2, keys=keys, users=["alice", "mallory"], http=False) as t:
+        with gridrpc.Client(t.ma_address, keys=keys, user="alice") as a, \
+                gridrpc.Client(t.ma_address, keys=keys, key="mallory", user="mallory") as b:
+            ref = a.put([1, 2, 3], server="sed-ma-1")
+            assert ref.get() == [1, 2, 3]
+            b._aclient.user = "alice"         # a forged name in the headers changes nothing: the key decides
+            with pytest.raises(gridrpc.DataAccessDenied):
+                b.get(ref)
+
+
+def test_data_moves_server_to_server_under_curve(tmp_path):
+    keys = str(tmp_path / "k")
+    with LocalTree(las=0, seds_under_ma=2, keys=keys, users=["alice"], http=False) as t:
+        with gridrpc.Client(t.ma_address, keys=keys, user="alice") as a:
+            import numpy as np
+            ref = a.put(np.arange(1000.0), server="sed-ma-1")
+            assert (a.call("echo", ref, server="sed-ma-2") == np.arange(1000.0)).all()   # fetched SeD to SeD

@@ -122,6 +122,8 @@ class AsyncClient:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if getattr(self, "_data_client", None) is not None:
+            self._data_client.close()
         for ch in self._mas:
             ch.close()
         for ch in self._seds.values():
@@ -225,6 +227,18 @@ class AsyncClient:
             self._learn_key(self._server_addresses.get(name), key)
         return r["services"]
 
+    async def dealer_options(self, address: str) -> dict | None:
+        """Socket options for a connection to the SeD at ``address`` (CURVE:
+        its public key, asked from the MA's catalogue if not known yet)."""
+        if self._security is None:
+            return None
+        if address not in self._server_keys:
+            await self.services()
+        key = self._server_keys.get(address)
+        if key is None:
+            raise CommunicationError(f"security is on and the MA knows no public key for the server at {address}")
+        return self._security.client_options(key)
+
     def _learn_key(self, address: str | None, key) -> None:
         if address and isinstance(key, str) and len(key) == 40:
             self._server_keys[address] = key.encode("ascii")
@@ -242,30 +256,37 @@ class AsyncClient:
 
     # -- calls ------------------------------------------------------------
     async def call(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                   timeout: float | None = None, aggregator: Any = None, **kwargs):
-        """Call and wait for the result (no Task per call: the fast path)."""
+                   timeout: float | None = None, aggregator: Any = None, keep_result: Any = False, **kwargs):
+        """Call and wait for the result (no Task per call: the fast path).
+        ``keep_result``: True or a data mode: the result stays on the SeD and
+        a :class:`~gridrpc.client.data.DataRef` is returned."""
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
         call.optional = bool(optional)
         return await self._run(call, args, kwargs, server, timeout if timeout is not None else self.timeout,
-                               aggregator)
+                               aggregator, keep_result)
 
     async def submit(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                     timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
+                     timeout: float | None = None, aggregator: Any = None, keep_result: Any = False,
+                     **kwargs) -> Call:
         """Start a call; returns its :class:`Call` at once (``await call`` for the result)."""
         return self.submit_nowait(service, *args, optional=optional, server=server, timeout=timeout,
-                                  aggregator=aggregator, **kwargs)
+                                  aggregator=aggregator, keep_result=keep_result, **kwargs)
 
     def submit_nowait(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                      timeout: float | None = None, aggregator: Any = None, **kwargs) -> Call:
+                      timeout: float | None = None, aggregator: Any = None, keep_result: Any = False,
+                      **kwargs) -> Call:
         """Like :meth:`submit`, as a plain function (call it from the client's loop)."""
         if self.closed:
             raise CommunicationError("client is closed")
         call = Call(self, service, self.loop)
         call.optional = bool(optional)
+        if keep_result:
+            call._keep = _data().keep_spec(keep_result)
         task = self.loop.create_task(self._run(call, args, kwargs, server,
-                                               timeout if timeout is not None else self.timeout, aggregator))
+                                               timeout if timeout is not None else self.timeout, aggregator,
+                                               keep_result))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         call._bind(task)
@@ -281,7 +302,18 @@ class AsyncClient:
         from .optional import run_optional
         return await run_optional(self, service, mandatory, optional, deadline, max_servers, **kw)
 
-    async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator):
+    async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator, keep_result=False):
+        keep = light = None
+        if keep_result or (args or kwargs) and _data().has_data(args, kwargs):
+            d = _data()          # references and pending calls as arguments (gridrpc.client.data)
+            keep = getattr(call, "_keep", None) or d.keep_spec(keep_result)
+            call._keep = keep
+            args, kwargs, refs = await d.prepare_args(self, args, kwargs)
+            if refs:
+                server = server or d.sticky_holder(refs)
+                light = list(args) + list(kwargs.values())
+                if aggregator is None and self.options.aggregator in (None, "default"):
+                    aggregator = "locality"
         buffers: list = []
         tree_args = codec.encode(list(args), buffers, read_file)
         tree_kwargs = codec.encode(dict(kwargs), buffers, read_file)
@@ -296,7 +328,9 @@ class AsyncClient:
             raise CommunicationError("client is closed")
         header = m.make(MsgType.CALL, "", service=call.service, args=tree_args, kwargs=tree_kwargs,
                         user=self.user, optional=call.optional)
-        call._discovery = (aggregator, self.max_candidates if self.failover else 1)
+        call._discovery = (aggregator, self.max_candidates if self.failover else 1, light or ())
+        if keep is not None:
+            header["keep"] = keep
         machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id,
                               discover=discover)
         flight = call._flight = self._driver.launch(machine, header, buffers, call)
@@ -307,7 +341,7 @@ class AsyncClient:
             raise
         if type(outcome) is Done:
             call.timing = outcome.timing
-            return outcome.value
+            return outcome.value if keep is None else _data().to_ref(self, outcome.value)
         exc = exception_for(outcome.error)
         if isinstance(exc, CallCancelled):
             exc.timing = call.timing = outcome.error.timing      # the server's, when it sent them
@@ -315,13 +349,35 @@ class AsyncClient:
             call.timing = {}
         raise exc
 
-    async def _candidates(self, call: Call, server, aggregator) -> list[ServerInfo]:
+    async def _candidates(self, call: Call, server, aggregator, args=()) -> list[ServerInfo]:
         if isinstance(server, ServerInfo):
             return [server]
         if isinstance(server, str):
             return [await self.resolve(server)]
         return await self.discover(call.service, self.max_candidates if self.failover else 1,
-                                   aggregator=aggregator, args=(), optional=call.optional)
+                                   aggregator=aggregator, args=args, optional=call.optional)
+
+    # -- data held on SeDs (gridrpc.client.data) ----------------------------
+    @property
+    def data(self):
+        if getattr(self, "_data_client", None) is None:
+            self._data_client = _data().DataClient(self)
+        return self._data_client
+
+    async def put(self, value, *, server: str | ServerInfo | None = None, service: str | None = None,
+                  mode: str = "persistent", timeout: float | None = None):
+        """Store ``value`` on a SeD (``server``, else one offering ``service``,
+        else the tree's least loaded in data); returns a ``DataRef``."""
+        return await self.data.put(value, server=server, service=service, mode=mode, timeout=timeout)
+
+    async def get(self, ref, timeout: float | None = None):
+        """The value of ``ref``, fetched by this client (with its identity)."""
+        if ref._client is self:
+            return await ref.aget(timeout)
+        return await self.data.get(ref, timeout)
+
+    async def free(self, ref) -> None:
+        await self.data.free(ref)
 
     def _on_discover(self, flight: Flight, a: Discover) -> None:
         """The machine asks for candidates: discover in a task, feed the answer back."""
@@ -331,16 +387,16 @@ class AsyncClient:
 
     async def _discover_for(self, flight: Flight, a: Discover) -> None:
         call = flight.context
-        aggregator, k = getattr(call, "_discovery", (None, self.max_candidates))
+        aggregator, k, light = getattr(call, "_discovery", (None, self.max_candidates, ()))
         try:
             if self.closed:
                 raise CommunicationError("client is closed")
             if a.timeout is not None and a.timeout < self.discovery_timeout:
                 servers = await asyncio.wait_for(
-                    self.discover(call.service, k, aggregator=aggregator, args=(), optional=call.optional),
+                    self.discover(call.service, k, aggregator=aggregator, args=light, optional=call.optional),
                     max(0.01, a.timeout))
             else:
-                servers = await self.discover(call.service, k, aggregator=aggregator, args=(),
+                servers = await self.discover(call.service, k, aggregator=aggregator, args=light,
                                               optional=call.optional)
         except asyncio.TimeoutError:
             event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out")
@@ -399,6 +455,9 @@ def _kind_of(exc: GridRPCError) -> str:
         if type(exc) is cls:
             return kind
     return "remote"
+def _data():
+    from . import data
+    return data
 
 
 def _on_attempt(flight: Flight, a: SendCall) -> None:

@@ -97,6 +97,16 @@ class Client:
     def call(self, service: str, *args, **kwargs):
         return self._run(self._aclient.call(service, *args, **kwargs))
 
+    def put(self, value, **kw):
+        """Store ``value`` on a SeD; returns a ``gridrpc.DataRef`` (see docs/data.md)."""
+        return self._run(self._aclient.put(value, **kw))
+
+    def get(self, ref, timeout: float | None = None):
+        return self._run(self._aclient.get(ref, timeout))
+
+    def free(self, ref) -> None:
+        self._run(self._aclient.free(ref))
+
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "Handle":
         return Handle(self, service, server)
 

@@ -310,7 +310,7 @@ class AgentState:
         self.offers()
         return self._offers[3]
 
-    def _on_view(self, peer: bytes, h: dict, now: float) -> list:
+    def _on_view(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         name = h["name"]
         child = self.registry.children.get(name)
         if child is None or child.route != peer:       # only a registered child, for its own subtree
@@ -326,6 +326,8 @@ class AgentState:
         max_age = self.config.view_max_age if max_age is None else max_age / 1000.0
         if max_age <= 0 or k <= 0:
             return None
+        if any(isinstance(a, dict) and a.get("type") == "ref" for a in h.get("args") or ()):
+            return None          # data references: each server's fetch_bytes depends on the request
         expected = self.offers()[0].get(service)
         if not expected:
             return None

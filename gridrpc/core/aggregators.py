@@ -154,9 +154,38 @@ class LeastCostAggregator:
                                             _slowdown(_est(s))))
 
 
+class LocalityAggregator:
+    """Prefer servers that hold the request's data (``fetch_bytes`` 0) unless
+    they are far busier: rank by the predicted completion, queue wait
+    (``est_wait`` or waiting x ``tcomp``) plus run time (``tcomp``) plus the
+    time to fetch the missing bytes at ``bandwidth`` bytes/s (default 1e9,
+    about a 10 GbE link). Trade-off: a low ``bandwidth`` pins work to the
+    holders (little traffic, possible hot spots); a high one spreads work
+    and moves data. ``slack`` (s, default 0.05) treats completions that
+    close as equal, so the holder wins ties."""
+    name: ClassVar[str] = "locality"
+
+    def __init__(self, bandwidth: float = 1e9, slack: float = 0.05, **params: Any) -> None:
+        for what, v in (("bandwidth", bandwidth), ("slack", slack)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"locality aggregator: {what} must be a non-negative number, not {v!r}")
+        if bandwidth == 0:
+            raise ValueError("locality aggregator: bandwidth must be > 0")
+        self.bandwidth, self.slack = float(bandwidth), float(slack)
+
+    def rank(self, servers, rng):
+        def key(s):
+            est = _est(s)
+            fetch = _num(est, "fetch_bytes") or 0.0
+            done = _wait(est) + (_num(est, "tcomp") or 0.0) + fetch / self.bandwidth
+            bucket = math.floor(done / self.slack) if self.slack > 0 else done
+            return (bucket, fetch)
+        return _keyed(servers, rng, key)
+
+
 AGGREGATORS: dict[str, type] = {c.name: c for c in (
     DefaultAggregator, PriorityAggregator, LeastWaitTimeAggregator,
-    LeastSlowdownAggregator, LeastCostAggregator)}
+    LeastSlowdownAggregator, LeastCostAggregator, LocalityAggregator)}
 
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")

@@ -14,6 +14,8 @@ a small descriptor ``{"__t": kind, "i": buffer index, ...}``. Tags:
 ``file``    a :class:`File`: ``name`` and the content as a buffer
 ``t``       tuple
 ``d``       dict whose keys are not all strings, or that holds the key ``__t``
+``ref``     a data reference held on a SeD (:mod:`gridrpc.core.refs`): ``id``, ``holder``,
+            ``address``, ``size``, ``mode``; decoded as :class:`~gridrpc.core.refs.RefTag`
 ==========  ==========================================================
 
 Object arrays, sets, arbitrary objects are refused with
@@ -81,6 +83,9 @@ def encode(value: Any, buffers: list, file_reader: Callable[[Any], FileRef] | No
         return encode(float(value), buffers)
     if isinstance(value, str):
         return str(value)
+    ref = getattr(value, "__gridrpc_ref__", None)
+    if ref is not None:                 # a DataRef / RefTag: its descriptor (the bytes stay on the SeD)
+        return ref()
     if file_reader is not None and getattr(value, "__gridrpc_file__", False):
         ref = file_reader(value)
         buffers.append(ref.data)
@@ -163,6 +168,9 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
             if copy or tag == "ns":   # copy=False: read-only view on the frame (the SeD hands it to a worker)
                 arr = arr.copy(order="K")
             return arr[()] if tag == "ns" else arr
+        if tag == "ref":
+            from .refs import decode_ref
+            return decode_ref(tree, lambda t: decode(t, buffers, file_writer, copy))
         if tag == "file":
             ref = FileRef(name=str(tree["name"]), data=buffers[_index(tree)])
             return file_writer(ref) if file_writer else ref
@@ -192,6 +200,10 @@ def light_description(value: Any) -> Any:
         return {"type": "int", "bits": value.bit_length()}
     if value is None or t in (bool, int, float, str) and (t is not str or len(value) <= 64):
         return value if t is not float or math.isfinite(value) else repr(value)
+    ref = getattr(value, "__gridrpc_ref__", None)
+    if ref is not None:
+        from .refs import light_ref
+        return light_ref(ref())
     if np is not None and isinstance(value, np.ndarray):
         return {"type": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape)}
     if t in (bytes, bytearray, memoryview):

@@ -193,6 +193,22 @@ def _error(v: object) -> bool:
 
 ERROR = (_error, "an object {\"kind\": string, \"type\": string, \"message\": string, \"traceback\": string}")
 
+def _keep(v: object) -> bool:
+    return (type(v) is dict and len(v) <= 4 and valid_id(v.get("ref"))
+            and v.get("mode") in ("volatile", "persistent", "persistent_return", "sticky"))
+
+
+KEEP = (_keep, "{\"ref\": a reference id, \"mode\": volatile|persistent|persistent_return|sticky}")
+DATA_MODE = one_of("volatile", "persistent", "persistent_return", "sticky")
+
+
+def _source(v: object) -> bool:
+    return (type(v) is dict and len(v) <= 4 and valid_name(v.get("name"))
+            and type(v.get("address")) is str and len(v["address"]) <= ADDRESS)
+
+
+SOURCE = (_source, "{\"name\": element name, \"address\": string}")
+
 ELEMENT_INFO = [("address", False, *string(ADDRESS)), ("host", False, *string(255)),
                 ("pid", False, *integer(0, 2**32)), ("started", False, *number(0, 1e12)),
                 ("load", False, *obj(MAX_KEYS)), ("elements", False, *list_of(ELEMENT, MAX_ITEMS))]
@@ -241,7 +257,8 @@ BY_TYPE: dict[str, tuple] = {
                          ("servers", False, *mapping(NAME, string(ADDRESS), MAX_ITEMS)),
                          ("elements", False, *list_of(ELEMENT, MAX_ITEMS))),
     "call": _fields(("service", True, *SERVICE), ("args", True, *LIST), ("kwargs", True, *DICT),
-                    ("sed", False, *NAME), ("user", False, *TEXT_SHORT), ("optional", False, *BOOL)),
+                    ("sed", False, *NAME), ("user", False, *TEXT_SHORT), ("optional", False, *BOOL),
+                    ("keep", False, *KEEP)),
     "accepted": _fields(("sed", False, *NAME), ("duplicate", False, *BOOL),
                         ("patience", False, *number(0, 1e9)), ("state", False, *TEXT_SHORT),
                         ("idempotent", False, *BOOL)),
@@ -253,6 +270,14 @@ BY_TYPE: dict[str, tuple] = {
     "pong": _fields(("name", False, *NAME), ("calls", False, *mapping(ID, TEXT_SHORT, MAX_ITEMS))),
     "view": _fields(("name", True, *NAME), ("entries", False, *list_of(VIEW_ENTRY, MAX_ITEMS)),
                     ("gone", False, *list_of(NAME, MAX_ITEMS)), ("fresh", False, *list_of(NAME, MAX_ITEMS))),
+    "data_put": _fields(("ref", True, *ID), ("sed", False, *NAME), ("user", False, *TEXT_SHORT),
+                        ("mode", False, *DATA_MODE), ("value", False, *ANY), ("source", False, *SOURCE)),
+    "data_get": _fields(("ref", True, *ID), ("user", False, *TEXT_SHORT), ("call", False, *BOOL),
+                        ("wait", False, *number(0, 86_400)), ("transfer", False, *BOOL),
+                        ("sed", False, *NAME)),
+    "data_free": _fields(("ref", True, *ID), ("user", False, *TEXT_SHORT)),
+    "data": _fields(("ref", True, *ID), ("holder", False, *NAME), ("size", False, *integer(0, 2**62)),
+                    ("mode", False, *DATA_MODE), ("value", False, *ANY)),
     "error": _fields(("error", True, *ERROR), ("server", False, *NAME), ("name", False, *NAME),
                      ("timing", False, *TIMING), ("batch", False, *obj(MAX_KEYS)), ("vm", False, *TEXT_SHORT)),
 }

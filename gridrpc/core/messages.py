@@ -54,6 +54,11 @@ class MsgType(str, enum.Enum):
     ERROR = "error"                  # error: {kind, type, message, traceback}
     # pushed state (child -> parent): snapshots of SeDs' request-independent estimations
     VIEW = "view"                    # name, entries: [{name, services: {service: vector}, age_ms}], gone
+    # data held on SeDs (client/SeD -> SeD; gridrpc.sed.data)
+    DATA_PUT = "data_put"            # ref, user, mode, value (+frames) | source {name, address}
+    DATA_GET = "data_get"            # ref, user, call, wait, transfer
+    DATA_FREE = "data_free"          # ref, user
+    DATA = "data"                    # answer: ref, holder, size, mode [, value (+frames)]
 
 
 _BY_VALUE = {m.value: m for m in MsgType}

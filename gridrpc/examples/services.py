@@ -84,3 +84,27 @@ def upper_file(path: str):
 
 
 ALL.append("upper_file")
+
+
+# -- data pipelines (docs/data.md, benchmarks/data_pipeline.py): not in ALL ---------------------
+def produce(n: int, value: float = 1.0):
+    """A float64 array of ``n`` elements, all ``value``."""
+    return np.full(int(n), float(value))
+
+
+def transform(a, factor: float = 2.0):
+    """``a * factor + 1`` (a new array)."""
+    return np.asarray(a) * factor + 1.0
+
+
+def reduce_sum(a) -> float:
+    """The sum of ``a``."""
+    return float(np.sum(a))
+
+
+def combine(*parts) -> float:
+    """Sum of numbers or arrays' sums (a DAG's join node)."""
+    return float(sum(float(np.sum(p)) for p in parts))
+
+
+DATA = ["produce", "transform", "reduce_sum", "combine"]

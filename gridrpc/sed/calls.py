@@ -61,6 +61,9 @@ class CallsMixin:
             return self._reject(route, cid, "refused", f"call id {cid} belongs to another client of "
                                 f"SeD {self.name} (a call is answered, cancelled or pinged only by its owner)")
         dup = self.lifecycle.duplicate(cid)
+        if dup is None and cid in self.data.resolving:      # still fetching its data: acknowledge again
+            self.data.resolving[cid][0].route = route
+            return self.endpoint.send(route, self._accepted(self.data.resolving[cid][0], duplicate=True))
         if dup is not None:
             live = self.calls.get(cid)
             if live is not None:
@@ -103,6 +106,12 @@ class CallsMixin:
         r.last_solve = now
         log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, call.user,
                   " (optional)" if call.optional else "")
+        try:
+            if self.data.on_call(call, h):          # kept result; references fetched first, then admitted
+                return
+        except GridRPCError as exc:
+            ex.remove_workdir(workdir)
+            return self._reject(route, cid, "data", str(exc), type_=type(exc).__name__)
         self.admit(call, now)
         if self.calls.get(cid) is not call:
             return
@@ -173,6 +182,9 @@ class CallsMixin:
             self.stats["rejected"] += 1
             return self.endpoint.reply_error(msg, "refused", f"call {cid} belongs to another client: "
                                              "only its owner may cancel it")
+        if self.data.cancel(cid):
+            self.stats["cancelled"] += 1
+            return self.endpoint.reply(msg, m.make(MsgType.CANCELLED, cid, state="queued"))
         call = self.calls.get(cid)
         if call is not None:
             self.stats["cancelled"] += 1
@@ -192,7 +204,7 @@ class CallsMixin:
             if not self.lifecycle.owned_by(i, who):
                 states[i] = "unknown"           # another client's call: nothing to see
                 continue
-            states[i] = self.lifecycle.state(i)
+            states[i] = self.data.state(i) or self.lifecycle.state(i)
             call = self.calls.get(i)
             if call is not None:
                 call.route = msg.route          # the asker may have a new route (reconnected)
@@ -317,6 +329,7 @@ class CallsMixin:
         if call.ack_timer is not None:
             call.ack_timer.cancel()
             call.ack_timer = None
+        header, buffers, ok = self.data.answering(call, header, buffers, ok)   # kept results, data waiters
         task = call.task
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():
             task.cancel()                       # answered by its back-end (e.g. at shutdown): stop waiting

@@ -35,6 +35,8 @@ from ..core.events import EventOutbox
 from ..core.messages import MsgType
 from ..transport.security import Security
 from ..core.queue import SedScheduler, make_policy
+from ..core.datastore import Where
+from ..core.refs import refs_in_light
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
 from ..core.view import PushRule, split_common
 from ..errors import ConfigError
@@ -43,6 +45,7 @@ from ..transport.endpoint import Endpoint
 from ..transport.parent_link import ParentLink, parent_link
 from .backends import ExecutionBackend, make_backend
 from .calls import CallsMixin, _Call
+from .data import DataConfig, SedData
 from .hostinfo import HostInfo
 from .services import ORPHAN_POLICIES, Service, load_spec, make_service
 
@@ -83,7 +86,8 @@ class SeD(CallsMixin):
                  seed: int | None = None, queue_options: dict | None = None,
                  result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES,
                  execution: ExecutionBackend | None = None, security: Security | None = None,
-                 parent_key: bytes | list | None = None, orphan_call_timeout: float = 30.0) -> None:
+                 parent_key: bytes | list | None = None, orphan_call_timeout: float = 30.0,
+                 data: "DataConfig | None" = None) -> None:
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be >= 1")
         if replicas < 1:
@@ -139,6 +143,8 @@ class SeD(CallsMixin):
         self.closed = asyncio.Event()
         self._closing = False
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
+        self.data = SedData(self, data)             # data held by reference (gridrpc.sed.data)
+        self.endpoint.handlers.update(self.data.handlers())
         self.execution = execution or make_backend(isolation, workers=workers or max(2, replicas * max_concurrent))
         self.isolation = self.execution.name
         self.execution.bind(self)
@@ -290,6 +296,7 @@ class SeD(CallsMixin):
                 r.push_timer.cancel()
             if r.link:
                 await r.link.aclose()
+        await self.data.close()
         self.endpoint.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.closed.set()
@@ -357,6 +364,7 @@ class SeD(CallsMixin):
                 "num_waiting": len(r.scheduler.requests) - len(r.scheduler.running),
                 "free_cpu": self.host.tags.get("free_cpu"), "completed": r.completed}
         load.update(self.execution.load(r))
+        load["data_bytes"] = self.data.store.used[Where.MEMORY] + self.data.store.used[Where.DISK]
         return load
 
     def _on_parent(self, r: Replica, mt: MsgType, h: dict, frames: list) -> None:
@@ -386,6 +394,8 @@ class SeD(CallsMixin):
         """The estimation vector of replica ``r`` for ``svc``: the back-end's
         tags, then the service's own estimation function on top."""
         vec = self.execution.estimate(r, svc, user, time.time())
+        if refs_in_light(args_light):         # locality: bytes to fetch for this request (0: holds the data)
+            vec["fetch_bytes"] = self.data.fetch_bytes(r.name, args_light)
         if svc.estimate is not None:
             try:
                 extra = svc.estimate(dict(vec), args_light)
@@ -406,7 +416,7 @@ class SeD(CallsMixin):
                 **self.stats, "bad_messages": self.endpoint.stats.bad_messages,
                 "queues": {n: r.scheduler.statistics() for n, r in self.replicas.items()},
                 "results": self.lifecycle.statistics(), "endpoint": self.endpoint.stats.snapshot(),
-                **self.execution.statistics()}
+                **self.execution.statistics(), "data": self.data.statistics()}
 
 
 def _runs_elsewhere(*args, **kwargs):  # pragma: no cover - never called: the back-end runs it elsewhere

@@ -1,0 +1,336 @@
+"""Client side of data held on SeDs: :class:`DataRef`, put/get/free/replicate,
+and references or pending calls as arguments.
+
+``client.put(value)`` stores a value on a SeD and returns a :class:`DataRef`;
+``client.submit(..., keep_result=True)`` leaves a result on the SeD that
+computed it. A ``DataRef`` or a pending :class:`~gridrpc.Call` passed as an
+argument travels as a small descriptor: the SeD that runs the call fetches
+the bytes from the holder itself (see :mod:`gridrpc.sed.data`).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..core import codec
+from ..core import messages as m
+from ..core.datastore import Mode, parse_mode
+from ..core.messages import MsgType
+from ..core.refs import RefTag
+from ..errors import (CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable, ProtocolError,
+                      error_from_wire)
+from ..files import read_file
+from ..transport.channel import Channel, connect_dealer
+from .call import Call, ServerInfo
+from .ids import new_id
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .aio import AsyncClient
+
+__all__ = ["DataRef", "DataClient", "prepare_args", "keep_spec", "MODES"]
+
+MODES = tuple(x.value for x in Mode)
+_MISSING = object()
+
+
+class DataRef:
+    """A value held on a SeD. ``id``, ``holder`` (SeD name), ``address``,
+    ``size`` (bytes), ``mode``, ``replicas`` ([(name, address)]).
+    Pass it as an argument to any call; ``get()`` brings the value here,
+    ``free()`` drops it, ``replicate(n)`` keeps it on n SeDs in all."""
+
+    def __init__(self, client: "AsyncClient", desc: dict, value: Any = _MISSING) -> None:
+        self._client = client
+        self._desc = {k: v for k, v in desc.items() if k != "value"}
+        self._desc["__t"] = "ref"
+        self._desc.setdefault("replicas", [])
+        self._value = value
+
+    id = property(lambda self: self._desc["id"])
+    holder = property(lambda self: self._desc["holder"])
+    address = property(lambda self: self._desc.get("address"))
+    size = property(lambda self: int(self._desc.get("size") or 0))
+    mode = property(lambda self: self._desc.get("mode") or "persistent")
+    replicas = property(lambda self: [tuple(r) for r in self._desc.get("replicas") or []])
+
+    def __gridrpc_ref__(self) -> dict:
+        return self._desc
+
+    def holders(self) -> list[tuple[str, str]]:
+        return [(self.holder, self.address or ""), *self.replicas]
+
+    def __repr__(self) -> str:
+        return f"<gridrpc.DataRef {self.id} on {self.holder} {self.size} B {self.mode}>"
+
+    # -- async ---------------------------------------------------------------------------------
+    async def aget(self, timeout: float | None = None):
+        if self._value is not _MISSING and self.mode != "volatile":
+            return self._value
+        return await self._client.data.get(self, timeout)
+
+    async def afree(self) -> None:
+        await self._client.data.free(self)
+
+    async def areplicate(self, n: int) -> "DataRef":
+        await self._client.data.replicate(self, n)
+        return self
+
+    # -- blocking (any thread but the client's loop) ---------------------------------------------
+    def _run(self, coro, timeout=None):
+        loop = self._client.loop
+        try:
+            if asyncio.get_running_loop() is loop:
+                coro.close()
+                raise RuntimeError("DataRef.get/free/replicate would block the event loop; use aget/afree/areplicate")
+        except RuntimeError as exc:
+            if "would block" in str(exc):
+                raise
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    def get(self, timeout: float | None = None):
+        """The value (fetched from the holder, or a replica)."""
+        return self._run(self.aget(timeout))
+
+    def free(self) -> None:
+        self._run(self.afree())
+
+    def replicate(self, n: int) -> "DataRef":
+        """Hold the value on ``n`` SeDs in all (the holder plus n-1 replicas);
+        a reference survives the loss of its holder while a replica lives."""
+        return self._run(self.areplicate(n))
+
+
+def keep_spec(keep_result: Any) -> dict | None:
+    """The CALL's ``keep`` field from ``keep_result`` (True: persistent, or a mode name)."""
+    if keep_result is None or keep_result is False:
+        return None
+    mode = Mode.PERSISTENT if keep_result is True else parse_mode(keep_result)
+    return {"ref": "r" + new_id(), "mode": mode.value}
+
+
+class DataClient:
+    """A client's data requests (own sockets to the SeDs, futures by id)."""
+
+    def __init__(self, client: "AsyncClient") -> None:
+        self.client = client
+        self._channels: dict[str, Channel] = {}
+        self._pending: dict[str, asyncio.Future] = {}
+        self._heard: dict[str, float] = {}
+        self.bytes_sent = self.bytes_received = 0
+
+    def close(self) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(CommunicationError("client closed"))
+        for ch in self._channels.values():
+            ch.close()
+
+    def _on_message(self, address: str, frames: list) -> None:
+        try:
+            mt, h = m.parse_header(frames[0].bytes)
+        except ProtocolError:
+            return
+        self._heard[address] = time.monotonic()
+        fut = self._pending.pop(h["id"], None)
+        if fut is not None and not fut.done():
+            fut.set_result((mt, h, frames[1:]))
+
+    async def request(self, address: str, header: dict, buffers: list = (), timeout: float = 30.0):
+        """Send and wait; the SeD is pinged while the answer is pending: silent for
+        ``ping_timeout`` means lost (CommunicationError)."""
+        ch = self._channels.get(address)
+        if ch is None or ch.closed:
+            opts = await self.client.dealer_options(address)
+            ch = self._channels[address] = Channel(connect_dealer(address, options=opts),
+                                                   functools.partial(self._on_message, address),
+                                                   name=f"client-data->{address}")
+        fut = self.client.loop.create_future()
+        self._pending[header["id"]] = fut
+        try:
+            ch.send([m.dumps(header), *buffers])
+            self.bytes_sent += sum(len(b) for b in buffers)
+            start = time.monotonic()
+            silent = max(self.client.ping_timeout, 1.0)
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=min(1.0, silent / 3))
+                if done:
+                    break
+                now = time.monotonic()
+                if now - start > timeout:
+                    raise CommunicationError(f"{address} did not answer within {timeout}s")
+                if now - max(start, self._heard.get(address, start)) > silent:
+                    raise CommunicationError(f"{address} silent for {silent:.1f}s")
+                ch.send([m.dumps(m.make(MsgType.PING, new_id(), ids=[]))])
+            mt, h, frames = fut.result()
+        finally:
+            self._pending.pop(header["id"], None)
+        if mt is MsgType.ERROR:
+            raise error_from_wire(h["error"])
+        return h, frames
+
+    def _timeout(self, timeout):
+        return timeout if timeout is not None else (self.client.timeout or 60.0)
+
+    async def choose(self, *, server=None, service: str | None = None, exclude=()) -> list[ServerInfo]:
+        """SeDs for new data, best first: a named one, one offering ``service``
+        (discovery), else the tree's SeDs holding the fewest bytes."""
+        c = self.client
+        if isinstance(server, ServerInfo):
+            return [server]
+        if isinstance(server, str):
+            return [await c.resolve(server)]
+        if service is not None:
+            return [s for s in await c.discover(service, 10) if s.name not in exclude]
+        elements = await c.tree()
+        seds = [e for e in elements if e.get("kind") == "sed" and e.get("state", "alive") == "alive"
+                and e.get("address") and e.get("name") not in exclude]
+        random.shuffle(seds)
+        seds.sort(key=lambda e: (e.get("load") or {}).get("data_bytes") or 0)
+        if not seds:
+            raise NoServerAvailable("no SeD in the tree to hold data")
+        return [ServerInfo(name=e["name"], address=e["address"]) for e in seds]
+
+    async def put(self, value, *, server=None, service=None, mode: Any = "persistent",
+                  timeout: float | None = None) -> DataRef:
+        mode = parse_mode(mode)
+        buffers: list = []
+        tree = codec.encode(value, buffers, read_file)
+        target = (await self.choose(server=server, service=service))[0]
+        ref = "r" + new_id()
+        h = m.make(MsgType.DATA_PUT, new_id(), ref=ref, sed=target.name, user=self.client.user, mode=mode.value,
+                   value=tree)
+        hh, _ = await self.request(target.address, h, buffers, self._timeout(timeout))
+        return DataRef(self.client, {"id": ref, "holder": hh.get("holder") or target.name,
+                                     "address": target.address, "size": hh.get("size", 0), "mode": mode.value})
+
+    async def get(self, ref: DataRef, timeout: float | None = None):
+        t = self._timeout(timeout)
+        reasons = []
+        for name, address in ref.holders():
+            h = m.make(MsgType.DATA_GET, new_id(), ref=ref.id, user=self.client.user, wait=t,
+                       call=bool(ref._desc.get("call")))
+            try:
+                hh, frames = await self.request(address, h, timeout=t + 1.0)
+            except CommunicationError as exc:
+                reasons.append(f"data reference {ref.id} is unreachable: its holder {name} is lost? ({exc})")
+                continue
+            except DataLost as exc:
+                reasons.append(str(exc))
+                continue
+            self.bytes_received += sum(len(f.buffer) for f in frames)
+            return codec.decode(hh.get("value"), [f.buffer for f in frames], self.client.sink)
+        raise DataLost(reasons[0] if len(reasons) == 1 else f"data reference {ref.id}: " + "; ".join(reasons))
+
+    async def free(self, ref: DataRef) -> None:
+        errors = []
+        for name, address in ref.holders():
+            try:
+                await self.request(address, m.make(MsgType.DATA_FREE, new_id(), ref=ref.id, user=self.client.user),
+                                   timeout=self.client.ack_timeout * 2)
+            except DataAccessDenied:
+                raise
+            except (CommunicationError, DataLost) as exc:
+                errors.append(exc)
+        ref._value = _MISSING
+
+    async def replicate(self, ref: DataRef, n: int) -> None:
+        if ref.mode == "sticky":
+            raise DataError(f"data reference {ref.id} is sticky: it is never moved nor replicated")
+        have = ref.holders()
+        want = int(n) - len(have)
+        if want <= 0:
+            return
+        names = {h[0] for h in have}
+        candidates = await self.choose(exclude=names)
+        src = {"name": ref.holder, "address": ref.address}
+        for s in candidates:
+            if want <= 0:
+                break
+            h = m.make(MsgType.DATA_PUT, new_id(), ref=ref.id, sed=s.name, user=self.client.user, mode=ref.mode,
+                       source=src)
+            try:
+                await self.request(s.address, h, timeout=self._timeout(None))
+            except (CommunicationError, DataLost) as exc:
+                continue
+            ref._desc["replicas"] = [*ref._desc.get("replicas", []), [s.name, s.address]]
+            want -= 1
+        if want > 0:
+            raise NoServerAvailable(f"data reference {ref.id}: only {int(n) - want} of {n} copies could be made")
+
+
+# -- arguments ----------------------------------------------------------------------------------
+def _has_data(v: Any, depth: int = 0) -> bool:
+    t = type(v)
+    if t is Call or t is DataRef or t is RefTag:
+        return True
+    if depth < 2 and (t is list or t is tuple) and len(v) <= 256:
+        return any(_has_data(x, depth + 1) for x in v)
+    if depth < 2 and t is dict and len(v) <= 256:
+        return any(_has_data(x, depth + 1) for x in v.values())
+    return False
+
+
+def has_data(args: tuple, kwargs: dict) -> bool:
+    return any(_has_data(a) for a in args) or any(_has_data(a) for a in kwargs.values())
+
+
+async def _arg_of(client: "AsyncClient", v: Any, refs: list) -> Any:
+    t = type(v)
+    if t is DataRef or t is RefTag:
+        refs.append(v)
+        return v
+    if t is Call:
+        while v.server is None and not v.done():       # its server is known once dispatched
+            await asyncio.sleep(0.002)
+        if v.done():
+            try:
+                value = v._cf.result()
+            except BaseException as exc:  # noqa: BLE001
+                raise DataLost(f"an argument is the call {v.service} ({v.id}), which failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+            if type(value) is DataRef:
+                refs.append(value)
+            return value
+        keep = getattr(v, "_keep", None)
+        if keep is not None:
+            tag = RefTag({"__t": "ref", "id": keep["ref"], "holder": v.server, "address": v.address, "size": 0,
+                          "mode": keep["mode"], "replicas": []})
+        else:
+            tag = RefTag({"__t": "ref", "id": v.id, "holder": v.server, "address": v.address, "size": 0,
+                          "mode": "volatile", "replicas": [], "call": True})
+        refs.append(tag)
+        return tag
+    if t is list or t is tuple:
+        out = [await _arg_of(client, x, refs) for x in v]
+        return out if t is list else tuple(out)
+    if t is dict:
+        return {k: await _arg_of(client, x, refs) for k, x in v.items()}
+    return v
+
+
+async def prepare_args(client: "AsyncClient", args: tuple, kwargs: dict) -> tuple[tuple, dict, list]:
+    """Pending calls among the arguments become references (once their server
+    is known); returns the arguments and the references they hold."""
+    refs: list = []
+    new_args = tuple([await _arg_of(client, a, refs) for a in args])
+    new_kwargs = {k: await _arg_of(client, v, refs) for k, v in kwargs.items()}
+    return new_args, new_kwargs, refs
+
+
+def sticky_holder(refs: list) -> ServerInfo | None:
+    """Where a call must run: the holder of a sticky reference among its arguments."""
+    for r in refs:
+        d = r.__gridrpc_ref__()
+        if d.get("mode") == "sticky":
+            return ServerInfo(name=d["holder"], address=d.get("address") or "")
+    return None
+
+
+def to_ref(client: "AsyncClient", value: Any) -> Any:
+    """The result of a call that kept it: a :class:`DataRef`."""
+    if type(value) is RefTag:
+        return DataRef(client, value.desc, value.value if value.has_value else _MISSING)
+    return value

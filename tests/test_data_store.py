@@ -1,0 +1,109 @@
+"""The pure data store: modes, budgets, eviction policies, ownership (gridrpc.core.datastore)."""
+import pytest
+
+from gridrpc.core.aggregators import make_aggregator
+from gridrpc.core.datastore import DataStore, Evict, Freed, Mode, Spill
+from gridrpc.core.refs import fetch_bytes, light_ref
+from gridrpc.errors import DataAccessDenied, DataError, DataLost
+
+P = Mode.PERSISTENT
+
+
+def test_lru_evicts_least_recently_used_and_says_why():
+    s = DataStore(memory_bytes=300, policy="lru", holder="SeD s1")
+    s.add("a", "u", P, 100, now=1)
+    s.add("b", "u", P, 100, now=2)
+    s.add("c", "u", P, 100, now=3)
+    s.touch("a", now=4)
+    _, actions = s.add("d", "u", P, 100, now=5)
+    assert actions == [Evict("b", actions[0].where, actions[0].reason)]
+    with pytest.raises(DataLost, match=r"b is gone from SeD s1: evicted \(LRU\)"):
+        s.check("b", "u")
+    assert s.check("a", "u").size == 100
+
+
+@pytest.mark.parametrize("policy,victim", [("fifo", "a"), ("lfu", "b")])
+def test_fifo_and_lfu(policy, victim):
+    s = DataStore(memory_bytes=200, policy=policy)
+    s.add("a", "u", P, 100, now=1)
+    s.add("b", "u", P, 100, now=2)
+    s.touch("a", 3)
+    s.touch("a", 4)
+    _, actions = s.add("c", "u", P, 100, now=5)
+    assert [a.ref for a in actions] == [victim]
+
+
+def test_sticky_and_pinned_are_never_evicted():
+    s = DataStore(memory_bytes=300)
+    s.add("sticky", "u", Mode.STICKY, 100, now=1)
+    s.add("pinned", "u", P, 100, now=2)
+    s.pin("pinned")
+    s.add("free", "u", P, 100, now=3)
+    _, actions = s.add("new", "u", P, 100, now=4)
+    assert [a.ref for a in actions] == ["free"]
+    # nothing evictable left: refused with a clear error, the others intact
+    with pytest.raises(DataError, match="no room"):
+        s.add("more", "u", P, 200, now=5)
+    assert {"sticky", "pinned", "new"} <= set(s.entries)
+    assert s.unpin("pinned") == []
+
+
+def test_spill_to_disk_then_evict_from_disk():
+    s = DataStore(memory_bytes=200, disk_bytes=200)
+    s.add("a", "u", P, 100, now=1)
+    s.add("b", "u", P, 100, now=2)
+    _, act = s.add("c", "u", P, 100, now=3)
+    assert act == [Spill("a")]
+    _, act = s.add("d", "u", P, 100, now=4)
+    assert act == [Spill("b")]
+    _, act = s.add("e", "u", P, 100, now=5)
+    assert [type(a) for a in act] == [Evict, Spill] and act[0].ref == "a" and act[1].ref == "c"
+    st = s.statistics()
+    assert st["memory_bytes"] == 200 and st["disk_bytes"] == 200 and st["evicted"] == 1
+
+
+def test_modes_volatile_freed_after_use_persistent_kept():
+    s = DataStore()
+    s.add("v", "u", Mode.VOLATILE, 10, now=1)
+    s.add("p", "u", P, 10, now=1)
+    assert isinstance(s.used_once("v", 2)[0], Freed)
+    assert s.used_once("p", 2) == []
+    with pytest.raises(DataLost, match="volatile"):
+        s.check("v", "u")
+    assert isinstance(s.free("p", "u"), Freed)
+    with pytest.raises(DataLost, match="freed by its owner"):
+        s.check("p", "u")
+
+
+def test_owner_only_and_held_bytes_per_user():
+    s = DataStore()
+    s.add("a", "alice", P, 10, now=1)
+    s.add("b", "bob", P, 5, now=1)
+    with pytest.raises(DataAccessDenied):
+        s.check("a", "bob")
+    with pytest.raises(DataAccessDenied):
+        s.free("a", "bob")
+    assert s.held_by_user() == {"alice": 10, "bob": 5}
+
+
+def test_pending_producer_failure_is_a_clear_error():
+    s = DataStore()
+    s.expect("r", "u", P, "call-1", now=1)
+    assert s.held_by_user() == {}
+    s.fail("r", "call call-1 failed: RuntimeError: boom")
+    with pytest.raises(DataLost, match="boom"):
+        s.check("r", "u")
+
+
+def test_fetch_bytes_and_locality_aggregator():
+    light = [light_ref({"id": "r1", "holder": "s1", "size": 1000, "replicas": [["s2", "x"]]}), 3]
+    assert fetch_bytes(light, {"s1"}) == 0 and fetch_bytes(light, {"s2"}) == 0
+    assert fetch_bytes(light, {"s3"}) == 1000
+    agg = make_aggregator({"name": "locality", "params": {"bandwidth": 1e3}})
+    import random
+    holder = {"name": "s1", "estimation": {"fetch_bytes": 0, "tcomp": 1.0, "num_waiting": 1, "num_running": 1}}
+    idle = {"name": "s3", "estimation": {"fetch_bytes": 1000, "tcomp": 1.0, "num_waiting": 0, "num_running": 0}}
+    # the holder is 2 s busy; fetching costs 1 s: the holder still wins unless far busier
+    assert agg.rank([idle, holder], random.Random(1))[0]["name"] == "s3"
+    holder["estimation"]["num_waiting"] = 0
+    assert agg.rank([idle, holder], random.Random(1))[0]["name"] == "s1"

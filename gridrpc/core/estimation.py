@@ -54,3 +54,17 @@ def queue_tags(*, service: str, predictor: RunTimePredictor, now: float, num_wai
         "time_since_last_solve": (now - last_solve) if last_solve is not None else 1e9,
         "est_wait": slots[0] - now,
     }
+
+
+def scheduler_tags(*, scheduler, service: str, predictor: RunTimePredictor, now: float,
+                   last_solve: float | None) -> dict:
+    """:func:`queue_tags` of one SeD replica, read from its
+    :class:`~gridrpc.core.queue.SedScheduler`: what the SeD runtime and the
+    simulator (:mod:`gridrpc.sim`) put in the estimation vector."""
+    sch = scheduler
+    return queue_tags(
+        service=service, predictor=predictor, now=now,
+        num_waiting=len(sch.requests) - len(sch.running), num_running=len(sch.running),
+        max_concurrent=sch.max_concurrent, last_solve=last_solve,
+        running=[(start, sch.requests[rid].service) for rid, start in sch.running.items()],
+        waiting_services=[q.service for q in sch.waiting()])

@@ -51,6 +51,10 @@ def add_deploy_parser(sub) -> None:
                    help="... or within this many milliseconds (default 0.5)")
     q.add_argument("--pack", action="store_true",
                    help="one SeD process per (host, parent) with replicas instead of one per SeD")
+    q.add_argument("--model", choices=("sim", "analytic"), default="sim",
+                   help="sim (default): simulate every candidate shape on these hosts with gridrpc.sim; "
+                        "analytic: the per-child/per-hop latency formula (--figures)")
+    q.add_argument("--costs", help="JSON from 'gridrpc sim calibrate' (default: the built-in calibration)")
     q = dsub.add_parser("calibrate", help="measure discovery cost per child and per hop (in-process tree)")
     q.add_argument("--seds", default="50,100,200", help="comma-separated SeD counts (default 50,100,200)")
     q.add_argument("--las", default="5", help="comma-separated LA counts for the two-level runs (default 5)")

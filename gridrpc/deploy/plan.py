@@ -41,7 +41,7 @@ DEFAULT_FIGURES = {
     "source": "built-in: gridrpc deploy calibrate, 2 vCPU development machine",
 }
 
-PLAN_ONLY_HOST_KEYS = ("seds", "agents")
+PLAN_ONLY_HOST_KEYS = ("seds", "agents", "cores")
 
 
 @dataclass
@@ -178,9 +178,19 @@ def _blocks(items: list, k: int) -> list[list]:
 
 def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max_fanout: int | None = None,
          services: list[str] | None = None, name: str = "planned", ma_port: int = 5555,
-         pack: bool = False, tolerance: float = 0.1, min_gain: float = 0.5e-3) -> tuple[dict, str]:
-    """Return (deployment file data, explanation)."""
-    shape, cands = best_shape(n, f, max_levels, max_fanout, tolerance, min_gain)
+         pack: bool = False, tolerance: float = 0.1, min_gain: float = 0.5e-3,
+         model: str = "analytic", costs_file: str | None = None) -> tuple[dict, str]:
+    """Return (deployment file data, explanation). ``model``: ``analytic``
+    (the latency formula above) or ``sim`` (simulate every candidate with
+    :mod:`gridrpc.sim` on these hosts, :func:`gridrpc.sim.plan.choose`)."""
+    if model == "sim":
+        from ..sim.plan import choose
+        shape, sim_why = choose(n, hosts, max_levels=max_levels, max_fanout=max_fanout, tolerance=tolerance,
+                                costs_file=costs_file, pack=pack)
+        cands = []
+    else:
+        shape, cands = best_shape(n, f, max_levels, max_fanout, tolerance, min_gain)
+        sim_why = None
     agent_hosts = [h for h, v in hosts.items() if v.get("agents", True)]
     if not agent_hosts:
         raise ConfigError("no host may run agents (every host has 'agents: false')")
@@ -270,6 +280,8 @@ def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max
     def describe(s: Shape) -> str:
         return (f"{s.levels} agent level(s), agents per level {'+'.join(map(str, s.agents))}, "
                 f"max fan-out per level {'/'.join(map(str, s.fanouts()))}")
+    if sim_why is not None:
+        return data, f"planned by 'gridrpc deploy plan --seds {n}' on {len(hosts)} host(s)\n" + sim_why
     lines = [f"planned by 'gridrpc deploy plan --seds {n}' on {len(hosts)} host(s)",
              f"model: latency = base + per_child * sum(fan-out per level) + (levels-1) * (per_hop + rtt)",
              f"figures: per_child={f.per_child * 1e6:.0f}us per_hop={f.per_hop * 1e6:.0f}us "
@@ -312,7 +324,8 @@ def cmd_plan(a) -> int:
         name = a.name or (Path(a.output).stem if a.output else "planned")
         data, why = plan(a.seds, hosts, f, max_levels=a.max_levels, max_fanout=a.max_fanout,
                          services=services, name=name, ma_port=a.ma_port, pack=a.pack,
-                         tolerance=a.tolerance, min_gain=a.min_gain / 1000.0)
+                         tolerance=a.tolerance, min_gain=a.min_gain / 1000.0,
+                         model=getattr(a, "model", "analytic"), costs_file=getattr(a, "costs", None))
         from .spec import parse
         parse(json.loads(json.dumps(data)), name=name)   # what we write must load
     except GridRPCError as exc:

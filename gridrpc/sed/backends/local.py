@@ -7,7 +7,7 @@ import time
 import traceback
 from typing import Any, Callable, ClassVar
 
-from ...core.estimation import queue_tags
+from ...core.estimation import scheduler_tags
 from ..workers import WorkerGone, WorkerPool
 from . import BaseBackend, Outcome, register_backend
 
@@ -17,12 +17,8 @@ def queue_estimate(sed, replica, service, now: float, server_type: str) -> dict:
     sch = replica.scheduler
     vec = dict(sed.host.tags)
     vec["server_type"] = server_type
-    vec.update(queue_tags(
-        service=service.name, predictor=replica.predictor, now=now,
-        num_waiting=len(sch.requests) - len(sch.running), num_running=len(sch.running),
-        max_concurrent=sch.max_concurrent, last_solve=replica.last_solve,
-        running=[(start, sch.requests[rid].service) for rid, start in sch.running.items()],
-        waiting_services=[q.service for q in sch.waiting()]))
+    vec.update(scheduler_tags(scheduler=sch, service=service.name, predictor=replica.predictor, now=now,
+                              last_solve=replica.last_solve))
     return vec
 
 

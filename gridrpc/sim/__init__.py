@@ -1,0 +1,15 @@
+"""Discrete-event simulation of gridrpc trees on the *real* pure core.
+
+:mod:`~gridrpc.sim.engine` (clock, hosts and cores, links),
+:mod:`~gridrpc.sim.elements` (agents, SeD processes and clients driving
+``core.agent``, ``core.sed_calls``/``core.queue``, ``core.estimation``,
+``core.call``), :mod:`~gridrpc.sim.world` (shapes, placement, workloads,
+measurements), :mod:`~gridrpc.sim.model` (costs, service times),
+:mod:`~gridrpc.sim.calibrate` (fit the costs from stored measurements),
+:mod:`~gridrpc.sim.validate` (predicted vs measured), :mod:`~gridrpc.sim.cli`
+(``gridrpc sim``). See docs/simulation.md.
+"""
+from .model import Costs, ServiceModel
+from .world import World, closed_loop, discovery_series, elements_for, open_clients
+
+__all__ = ["Costs", "ServiceModel", "World", "closed_loop", "discovery_series", "elements_for", "open_clients"]

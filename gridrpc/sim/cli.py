@@ -1,0 +1,85 @@
+"""``gridrpc sim``: simulate trees on the real core (docs/simulation.md).
+
+    gridrpc sim run --seds 500 --shape flat            # discovery latency + calls/s on this host's model
+    gridrpc sim calibrate -o costs.json                # fit costs to the stored measurements
+    gridrpc sim validate --json v.json --plot v.png    # predicted vs measured, every stored tree
+    gridrpc sim scale --seds 100000 --clients 10000    # shapes compared at scale (cluster placement)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("sim", help="discrete-event simulation of trees on the real scheduling core",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = p.add_subparsers(dest="sim_cmd")
+    r = s.add_parser("run", help="simulate one tree: sequential discoveries and a closed-loop load")
+    r.add_argument("--seds", type=int, required=True)
+    r.add_argument("--shape", default="flat", help="flat, L2-D, L3-D, or agents per level like 1,8,64")
+    r.add_argument("--users", type=int, default=8)
+    r.add_argument("--placement", choices=("single", "cluster"), default="single")
+    r.add_argument("--cores", type=int, default=2)
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--costs")
+    c = s.add_parser("calibrate", help="fit the costs to benchmarks' stored JSON results")
+    c.add_argument("--study", default="benchmarks/scalability/results/latest.json")
+    c.add_argument("--suite", default="benchmarks/results/latest.json")
+    c.add_argument("--max-load", type=float, default=15.0, help="latency fit: runs at load average <= this")
+    c.add_argument("-o", "--output")
+    v = s.add_parser("validate", help="predict every stored tree of the scalability study, compare")
+    v.add_argument("--study")
+    v.add_argument("--costs")
+    v.add_argument("--max-load", type=float, default=None)
+    v.add_argument("--json")
+    v.add_argument("--plot")
+    g = s.add_parser("scale", help="compare shapes at scale (agents and SeD processes on hosts of their own)")
+    g.add_argument("--seds", type=int, default=100000)
+    g.add_argument("--clients", type=int, default=10000)
+    g.add_argument("--shapes", default="flat,L2-56,L3-15,L4-7")
+    g.add_argument("--seconds", type=float, default=2.0, help="simulated seconds measured per shape")
+    g.add_argument("--calls-per-client", type=float, default=0.02, help="calls per client in that window")
+    g.add_argument("--replicas", type=int, default=32, help="SeDs per SeD process (per host)")
+    g.add_argument("--json")
+    p.set_defaults(func=run)
+    return p
+
+
+def _shape(text: str):
+    return [int(x) for x in text.split(",")] if "," in text else text
+
+
+def run(a) -> int:
+    from .model import Costs
+    from .world import World, closed_loop, discovery_series, elements_for
+    if a.sim_cmd == "calibrate":
+        from .calibrate import cmd_calibrate
+        return cmd_calibrate(a)
+    if a.sim_cmd == "validate":
+        from .validate import cmd_validate
+        return cmd_validate(a)
+    if a.sim_cmd == "scale":
+        from .scale import cmd_scale
+        return cmd_scale(a)
+    if a.sim_cmd == "run":
+        costs = Costs.load(a.costs)
+        t = time.perf_counter()
+        kw = dict(costs=costs, seed=a.seed, placement=a.placement, cores=a.cores, sed_cores=a.cores)
+        els = elements_for(_shape(a.shape), a.seds)
+        w = World(**kw).build(els)
+        w.wait_registered()
+        d = discovery_series(w, rounds=200)
+        w = World(**kw).build(els)
+        w.wait_registered()
+        c = closed_loop(w, a.users, seconds=1.5)
+        out = {"seds": a.seds, "shape": a.shape, "discovery_median_ms": d["discovery_median_ms"],
+               "discovery_p99_ms": d["discovery_p99_ms"], "calls_per_s": c["throughput"],
+               "call_p99_ms": c["call_p99_ms"], "ma_busy": c["ma_busy"], "busiest": max(c["busy"], key=c["busy"].get),
+               "ma_inbound_per_s": c["ma_inbound_per_s"], "wall_s": time.perf_counter() - t}
+        print(json.dumps(out, indent=1))
+        return 0
+    print("usage: gridrpc sim {run,calibrate,validate,scale} ...", file=sys.stderr)
+    return 2

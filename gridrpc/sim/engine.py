@@ -1,0 +1,184 @@
+"""The discrete-event engine: a heap of events on a virtual clock, hosts with
+cores, processes that queue for them, and links with latency and bandwidth.
+
+Nothing here knows about gridrpc's protocol: the elements
+(:mod:`gridrpc.sim.elements`) drive the real core objects and ask the engine
+to charge CPU time and to carry messages.
+
+CPU model: a :class:`Proc` (an OS process: an agent, a SeD process, a
+client, a worker) runs one job at a time, in arrival order; a job needs one
+of its :class:`Host`'s cores for ``cost`` seconds; a host serves the
+processes waiting for a core in turn (one job each, round robin), so a
+saturated MA shows as a growing queue in front of its process and two busy
+processes on a one-core host slow each other down.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class Sim:
+    """The clock and the event heap. ``at(t, fn, *args)`` runs ``fn(*args)``
+    at virtual time ``t``; equal times run in scheduling order (deterministic)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.now = 0.0
+        self.rng = random.Random(seed)
+        self._heap: list = []
+        self._seq = 0
+        self.events = 0
+
+    def at(self, t: float, fn: Callable, *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t if t > self.now else self.now, self._seq, fn, args))
+
+    def after(self, dt: float, fn: Callable, *args: Any) -> None:
+        self.at(self.now + dt, fn, *args)
+
+    def run(self, until: float | None = None, stop: Callable[[], bool] | None = None,
+            max_events: int | None = None) -> None:
+        heap = self._heap
+        pop = heapq.heappop
+        n = 0
+        while heap:
+            t = heap[0][0]
+            if until is not None and t > until:
+                self.now = until
+                break
+            _, _, fn, args = pop(heap)
+            self.now = t
+            fn(*args)
+            n += 1
+            if stop is not None and (n & 63) == 0 and stop():
+                break
+            if max_events is not None and n >= max_events:
+                break
+        self.events += n
+
+
+class Host:
+    """A machine: ``cores`` cores shared by its processes; ``speed`` scales
+    every job's cost (1.0: the calibration host; 0.5: twice as slow)."""
+
+    def __init__(self, sim: Sim, name: str, cores: int = 1, speed: float = 1.0) -> None:
+        self.sim, self.name, self.cores, self.speed = sim, name, cores, speed
+        self.free = cores
+        self.ready: collections.deque[Proc] = collections.deque()
+        self.busy_time = 0.0
+
+    def _want(self, proc: "Proc") -> None:
+        if self.free > 0:
+            self.free -= 1
+            proc._run_next()
+        else:
+            self.ready.append(proc)
+
+    def _release(self, proc: "Proc") -> None:
+        """``proc`` finished a job: the core goes to the next process in turn."""
+        if self.ready:
+            nxt = self.ready.popleft()
+            if proc.jobs:
+                self.ready.append(proc)
+            else:
+                proc.running = False
+            nxt._run_next()
+        elif proc.jobs:
+            proc._run_next()
+        else:
+            proc.running = False
+            self.free += 1
+
+
+class Proc:
+    """An OS process on a host: jobs run one at a time, in arrival order.
+    ``submit(fn, *args)`` runs ``fn(*args)`` when the job *starts* (so the
+    handler sees the time the process got to the message); ``fn`` returns
+    None or an object with ``cost`` (CPU seconds) and ``complete()``, called
+    when that CPU time is spent (e.g. the messages leave then)."""
+
+    def __init__(self, host: Host, name: str, kind: str) -> None:
+        self.host, self.name, self.kind = host, name, kind
+        self.sim = host.sim
+        self.jobs: collections.deque = collections.deque()
+        self.running = False
+        self.busy_time = 0.0
+        self.jobs_done = 0
+        self.io: Proc | None = None         # a helper thread taking ``io_share`` of every job (zmq's I/O thread)
+        self.io_share = 0.0
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self.jobs.append((fn, args))
+        if not self.running:
+            self.running = True
+            self.host._want(self)
+
+    def _run_next(self) -> None:
+        fn, args = self.jobs.popleft()
+        out = fn(*args)                      # the handler runs at the start of its job
+        cost = (out.cost if out is not None else 0.0)
+        if self.io is not None and cost > 0.0:
+            side = cost * self.io_share
+            cost -= side
+            self.io.submit(_Fixed, side)
+        cost /= self.host.speed
+        self.busy_time += cost
+        self.host.busy_time += cost
+        self.jobs_done += 1
+        self.sim.after(cost, self._finished, out)
+
+    def _finished(self, out: Any) -> None:
+        if out is not None and callable(getattr(out, "complete", None)):
+            out.complete()
+        self.host._release(self)
+
+
+class _Fixed:
+    """A job of a fixed cost with nothing to do at its end."""
+    __slots__ = ("cost",)
+
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+
+    def complete(self) -> None:
+        pass
+
+
+@dataclass
+class Link:
+    """One direction between two hosts: latency, bandwidth (bytes/s), and
+    the time its wire is busy until (messages serialise one after another)."""
+    latency: float
+    bandwidth: float
+    busy_until: float = 0.0
+
+
+@dataclass
+class Network:
+    """Links between hosts: ``local`` for two processes of one host
+    (loopback, wake-up of the receiver), ``lan`` between hosts."""
+    sim: Sim
+    local_latency: float = 60e-6
+    lan_latency: float = 100e-6
+    local_bandwidth: float = 2.0e9
+    lan_bandwidth: float = 1.25e8          # 1 Gb/s
+    links: dict = field(default_factory=dict)
+    messages: int = 0
+    bytes: int = 0
+
+    def delay(self, src: Host, dst: Host, size: int) -> float:
+        key = (src.name, dst.name)
+        link = self.links.get(key)
+        if link is None:
+            same = src is dst
+            link = self.links[key] = Link(self.local_latency if same else self.lan_latency,
+                                          self.local_bandwidth if same else self.lan_bandwidth)
+        now = self.sim.now
+        start = link.busy_until if link.busy_until > now else now
+        link.busy_until = start + size / link.bandwidth
+        self.messages += 1
+        self.bytes += size
+        return link.busy_until - now + link.latency

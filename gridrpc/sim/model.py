@@ -1,0 +1,103 @@
+"""The simulator's parameters: CPU costs per message and per item for each
+kind of element, network latencies, and service time distributions.
+
+:data:`DEFAULT_COSTS` are the figures ``gridrpc sim calibrate`` fitted from
+the stored measurements (benchmarks/scalability/results/latest.json and
+benchmarks/results/latest.json) when this was written; ``gridrpc sim
+calibrate -o FILE`` refits them and ``--costs FILE`` uses the result.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: kinds of element that pay CPU for messages
+KINDS = ("ma", "la", "sed", "client", "locust", "worker")
+
+
+@dataclass
+class Costs:
+    """CPU seconds: ``msgs[kind]`` per message received or sent by a process
+    of that kind, ``items[kind]`` per item in those messages (estimation
+    vectors ranked or built, replica names, subtree elements);
+    ``exec_cpu``: a worker's CPU per call besides the service itself (the
+    pipe hop); ``call_cpu``: the SeD process's extra work per finished call.
+    ``local_latency``: one message between two processes of one host (the
+    wake-up of the receiver); ``lan_latency``: between hosts."""
+    msgs: dict = field(default_factory=dict)
+    items: dict = field(default_factory=dict)
+    exec_cpu: float = 50e-6
+    call_cpu: float = 100e-6
+    local_latency: float = 60e-6
+    lan_latency: float = 100e-6
+    lan_bandwidth: float = 1.25e8
+    io_share: float = 0.0             # share of a message's CPU spent off the process's thread (zmq I/O)
+    source: str = ""
+    fit: dict = field(default_factory=dict)
+
+    def msg(self, kind: str) -> float:
+        return self.msgs.get(kind, 0.0)
+
+    def item(self, kind: str) -> float:
+        return self.items.get(kind, 0.0)
+
+    @classmethod
+    def zero(cls) -> "Costs":
+        return cls(msgs={}, items={}, exec_cpu=0.0, call_cpu=0.0, local_latency=0.0, lan_latency=0.0,
+                   source="zero (counting only)")
+
+    @classmethod
+    def load(cls, path: str | None) -> "Costs":
+        if not path:
+            return cls(**json.loads(json.dumps(DEFAULT_COSTS)))
+        data = json.loads(Path(path).read_text())
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+# Fitted by `gridrpc sim calibrate` (see docs/simulation.md) from the stored results of
+# `python -m benchmarks.scalability --profile` (27 trees, 2 vCPUs, load average 3-65) and
+# `python -m benchmarks` (client costs). Re-run to refresh.
+DEFAULT_COSTS = {
+    "msgs": {"client": 0.0001831, "la": 0.000127, "locust": 0.0001682, "ma": 6.703e-05, "sed": 0.0001664},
+    "items": {"la": 2.363e-06, "ma": 1.678e-06, "sed": 1.563e-06},
+    "exec_cpu": 5e-05, "call_cpu": 0.0, "local_latency": 1.5e-05, "lan_latency": 0.0001,
+    "lan_bandwidth": 125000000.0, "io_share": 0.0,
+    "source": 'gridrpc sim calibrate: 27 trees of python -m benchmarks.scalability --profile (2026-11-22T01:39:34, 2 CPUs)', "fit": {},
+}
+
+
+@dataclass(frozen=True)
+class ServiceModel:
+    """A service's run time: ``dist`` ``const`` (``mean``), ``exp`` (mean),
+    ``uniform`` (``lo``..``hi``) or ``lognormal`` (mean, ``cv``);
+    ``cpu_bound``: the run occupies a core of the SeD's host (else it only
+    takes time, like the ``sleep`` service of the ethic experiments)."""
+    mean: float = 0.0
+    dist: str = "const"
+    lo: float = 0.0
+    hi: float = 0.0
+    cv: float = 1.0
+    cpu_bound: bool = True
+
+    def sample(self, rng: random.Random) -> float:
+        d = self.dist
+        if d == "const":
+            return self.mean
+        if d == "exp":
+            return rng.expovariate(1.0 / self.mean) if self.mean > 0 else 0.0
+        if d == "uniform":
+            return rng.uniform(self.lo, self.hi)
+        if d == "lognormal":
+            s2 = math.log(1 + self.cv ** 2)
+            return rng.lognormvariate(math.log(self.mean) - s2 / 2, math.sqrt(s2))
+        raise ValueError(f"unknown distribution {d!r}")
+
+
+NOOP = ServiceModel(mean=0.0)

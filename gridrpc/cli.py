@@ -105,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ma", help="run a Master Agent (root of the tree)")
     _common_daemon(p, 5555)
     p.add_argument("--http-port", type=int, default=None, help="serve the HTTP status API on this port")
-    p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="address of the HTTP API (default 127.0.0.1; anything else needs --http-token-file)")
+    p.add_argument("--http-token-file", metavar="FILE",
+                   help="the HTTP API requires this token (Authorization: Bearer TOKEN, or ?token= once)")
+    p.add_argument("--events-file", metavar="FILE", help="also write the tree's events here (JSON lines)")
     p.add_argument("--rebuild-time", type=float, default=None,
                    help="after start, answer 'rebuilding' (clients retry) instead of 'service not found' "
                         "for this long, s (default hb-timeout + hb-interval)")
@@ -174,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .deploy.cli import add_deploy_parser
     add_deploy_parser(sub)
-    for mod in ("experiments.cli", "loadtest.cli", "bench", "keys_cli"):
+    for mod in ("experiments.cli", "loadtest.cli", "bench", "keys_cli", "sim.cli", "workflow.cli",
+                "dashboard.top", "dashboard.follow"):
         try:
             __import__(f"gridrpc.{mod}", fromlist=["add_parser"]).add_parser(sub)
         except ImportError:
@@ -210,7 +215,7 @@ def _ready_writer(path: str | None):
 def cmd_daemon(a: argparse.Namespace) -> int:
     from ._run import run_daemon
     from .address import parse_address
-    from .errors import GridRPCError
+    from .errors import ConfigError, GridRPCError
     _setup_logging(a.log_level)
     address = f"tcp://{a.host}:{a.port}"
     hb = dict(hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
@@ -223,7 +228,16 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         if a.cmd == "ma":
             from .master_agent import MasterAgent
             peers = [p for text in a.peer for p in parse_addresses(text, what="--peer")]
+            token = None
+            if a.http_token_file:
+                try:
+                    token = open(a.http_token_file).read().strip()
+                except OSError as exc:
+                    raise ConfigError(f"cannot read --http-token-file {a.http_token_file}: {exc}") from None
+                if len(token) < 16:
+                    raise ConfigError(f"the HTTP token in {a.http_token_file} is too short (16 characters at least)")
             d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host,
+                            http_token=token, events_file=a.events_file,
                             rebuild_time=a.rebuild_time, peers=peers, **hb)
         elif a.cmd == "la":
             if not parent:

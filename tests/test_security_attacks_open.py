@@ -675,7 +675,6 @@ def test_http_binds_loopback_unless_told(http_ma):
     assert all(ipaddress.ip_address(c.laddr.ip).is_loopback for c in listening), listening
 
 
-@pytest.mark.xfail(reason="no HTTP token option yet", strict=False)
 def test_http_off_loopback_requires_a_token(proc_tree, tmp_path):
     """Bound off loopback (``--http-host 0.0.0.0``) the HTTP API answers only
     requests carrying the operator's token (``--http-token-file``): without

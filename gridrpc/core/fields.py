@@ -268,6 +268,9 @@ BY_TYPE: dict[str, tuple] = {
     "cancelled": _fields(("state", False, *TEXT_SHORT)),
     "ping": _fields(("ids", False, *list_of(ID, MAX_ITEMS))),
     "pong": _fields(("name", False, *NAME), ("calls", False, *mapping(ID, TEXT_SHORT, MAX_ITEMS))),
+    # lifecycle events going up the tree (child -> parent), each validated by the MA (core/events.py)
+    "events": _fields(("name", True, *NAME), ("events", True, *list_of(obj(16), 1000)),
+                      ("dropped", False, *integer(0, 1 << 40))),
     "view": _fields(("name", True, *NAME), ("entries", False, *list_of(VIEW_ENTRY, MAX_ITEMS)),
                     ("gone", False, *list_of(NAME, MAX_ITEMS)), ("fresh", False, *list_of(NAME, MAX_ITEMS))),
     "data_put": _fields(("ref", True, *ID), ("sed", False, *NAME), ("user", False, *TEXT_SHORT),

@@ -52,6 +52,8 @@ class MsgType(str, enum.Enum):
     PING = "ping"
     PONG = "pong"                    # calls: {id: state} for ids asked in ping
     ERROR = "error"                  # error: {kind, type, message, traceback}
+    # lifecycle events (child -> parent; the MA serves them at /api/events)
+    EVENTS = "events"                # name, events: [event dicts], dropped
     # pushed state (child -> parent): snapshots of SeDs' request-independent estimations
     VIEW = "view"                    # name, entries: [{name, services: {service: vector}, age_ms}], gone
     # data held on SeDs (client/SeD -> SeD; gridrpc.sed.data)

@@ -1,25 +1,60 @@
-"""HTTP status API on the MA: ``/api/tree``, ``/api/services``, ``/metrics``,
-``/healthz`` and ``/`` (a plain page listing the tree). Started with aiohttp's
-``AppRunner``/``TCPSite`` on the MA's own event loop."""
+"""HTTP status API on the MA, read-only: ``/api/tree``, ``/api/services``,
+``/healthz``, plus the dashboard (``/``, ``/api/events``, ``/api/stats``,
+``/metrics``; :mod:`gridrpc.dashboard.app`). Started with aiohttp's
+``AppRunner``/``TCPSite`` on the MA's own event loop.
+
+It binds loopback unless told otherwise; bound anywhere else it requires a
+token (``--http-token-file``): ``Authorization: Bearer TOKEN``, or
+``?token=TOKEN`` once in a browser (then a cookie). Every method but GET
+(and HEAD) is refused."""
 from __future__ import annotations
 
-import html
-import time
+import hmac
 
 from aiohttp import web
 
+from ..errors import ConfigError
+from ..transport.security import is_loopback
+from .app import add_dashboard_routes
+
+COOKIE = "gridrpc_token"
+
 
 class StatusServer:
-    def __init__(self, agent, *, host: str = "127.0.0.1", port: int = 8080) -> None:
+    def __init__(self, agent, *, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
+                 events_file: str | None = None) -> None:
+        if not is_loopback(host) and not token:
+            raise ConfigError(f"the HTTP API would listen on {host} without a token: anyone reaching the "
+                              "port could read the tree and every call's story; give --http-token-file FILE "
+                              "(or keep --http-host on loopback)")
         self.agent = agent
         self.host = host
         self.port = port
+        self.token = token
         self.runner: web.AppRunner | None = None
-        app = web.Application()
+        app = web.Application(middlewares=[self._guard])
         app.add_routes([web.get("/api/tree", self.api_tree), web.get("/api/services", self.api_services),
-                        web.get("/metrics", self.metrics), web.get("/healthz", self.healthz),
-                        web.get("/", self.index)])
+                        web.get("/healthz", self.healthz)])
+        self.dashboard = add_dashboard_routes(
+            app, tree_source=agent.tree, statistics=agent.statistics, services=agent.registry.catalogue,
+            name=agent.name, hub=getattr(agent, "events", None), events_file=events_file)
         self.app = app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler):
+        if request.method not in ("GET", "HEAD"):
+            raise web.HTTPMethodNotAllowed(request.method, ["GET"])
+        if self.token:
+            given = request.headers.get("Authorization", "")
+            given = given[7:] if given.startswith("Bearer ") else request.query.get("token") or \
+                request.cookies.get(COOKIE, "")
+            if not hmac.compare_digest(given.encode(), self.token.encode()):
+                raise web.HTTPUnauthorized(text="a token is required (Authorization: Bearer TOKEN)\n")
+            response = await handler(request)
+            if request.query.get("token"):         # a browser given ?token= once keeps it in a cookie
+                response.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
+            return response
+        return await handler(request)
 
     async def start(self) -> None:
         self.runner = web.AppRunner(self.app, access_log=None)
@@ -46,46 +81,3 @@ class StatusServer:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "name": self.agent.name,
                                   "children": len(self.agent.registry.children)})
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        tree = self.agent.tree()
-        st = self.agent.statistics()
-        lines = [
-            "# HELP gridrpc_elements Elements in the tree by kind.", "# TYPE gridrpc_elements gauge"]
-        kinds: dict[str, int] = {}
-        for e in tree:
-            kinds[e.get("kind", "?")] = kinds.get(e.get("kind", "?"), 0) + 1
-        lines += [f'gridrpc_elements{{kind="{k}"}} {v}' for k, v in sorted(kinds.items())]
-        lines += ["# HELP gridrpc_services Services offered in the tree.", "# TYPE gridrpc_services gauge",
-                  f"gridrpc_services {len(self.agent.registry.catalogue())}",
-                  "# HELP gridrpc_discoveries_total Discovery requests handled by the MA.",
-                  "# TYPE gridrpc_discoveries_total counter",
-                  f"gridrpc_discoveries_total {st['discoveries']}",
-                  "# TYPE gridrpc_discoveries_timed_out_total counter",
-                  f"gridrpc_discoveries_timed_out_total {st['discoveries_timed_out']}",
-                  "# TYPE gridrpc_bad_messages_total counter",
-                  f"gridrpc_bad_messages_total {st['bad_messages']}",
-                  "# HELP gridrpc_sed_running Calls running per SeD.", "# TYPE gridrpc_sed_running gauge"]
-        for e in tree:
-            if e.get("kind") == "sed":
-                load = e.get("load") or {}
-                lines.append(f'gridrpc_sed_running{{sed="{e["name"]}"}} {load.get("num_running", 0)}')
-                lines.append(f'gridrpc_sed_waiting{{sed="{e["name"]}"}} {load.get("num_waiting", 0)}')
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-
-    async def index(self, request: web.Request) -> web.Response:
-        rows = []
-        now = time.time()
-        for e in self.agent.tree():
-            age = now - float(e.get("last_heartbeat") or now)
-            rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
-                e["name"], e.get("kind"), e.get("parent") or "", e.get("address"), e.get("pid"),
-                ", ".join(e.get("services") or []), e.get("state"), f"{age:.1f}s ago")) + "</tr>")
-        body = (f"<!doctype html><html><head><title>gridrpc: {html.escape(self.agent.name)}</title>"
-                "<meta http-equiv='refresh' content='2'></head><body>"
-                f"<h1>gridrpc tree — {html.escape(self.agent.name)}</h1><table border=1 cellpadding=4>"
-                "<tr><th>name</th><th>kind</th><th>parent</th><th>address</th><th>pid</th>"
-                "<th>services</th><th>state</th><th>heartbeat</th></tr>"
-                + "".join(rows) + "</table><p><a href='/api/tree'>/api/tree</a> · "
-                "<a href='/api/services'>/api/services</a> · <a href='/metrics'>/metrics</a></p></body></html>")
-        return web.Response(text=body, content_type="text/html")

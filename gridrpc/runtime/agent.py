@@ -27,7 +27,9 @@ from typing import Mapping
 
 from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
                           Received, Rejected, Role, Send, SendFailed, SendParent, Tick, group_by_process)
+from ..core.events import EventOutbox
 from ..core.messages import MsgType
+from ..transport.events_up import EventsUplink
 from ..transport.channel import host_of
 from ..transport.endpoint import DEFAULT_MAX_MESSAGE, Endpoint, Incoming
 from ..transport.parent_link import ParentLink, parent_link
@@ -62,6 +64,10 @@ class AgentRuntime:
                                  what=f"agent {name}", socket_options=socket_options,
                                  on_rejected=self._on_rejected, security=security,
                                  max_message_size=max_message_size)
+        self.endpoint.handlers[MsgType.EVENTS] = self._on_events
+        self._watch_answers = False          # the MA: on_answer() sees every answer it sends
+        self.outbox = EventOutbox()          # events from the subtree, relayed to the parent
+        self.uplink: EventsUplink | None = None
         self.address: str | None = None
         self.link: ParentLink | None = None
         self.peers = list(peers)            # federated MAs of other trees (gridrpc.runtime.federation)
@@ -118,6 +124,9 @@ class AgentRuntime:
                                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
                                    security=self.security, parent_key=self.parent_key)
             self.link.start()
+        if self.link is not None:
+            self.uplink = EventsUplink(self.name, self.outbox, self.link.send)
+            self.uplink.start()
         self._tick()
         log.info("%s (%s) listening on %s%s", self.name, self.kind, self.address,
                  f", parent {self.parent}" if self.parent else "")
@@ -134,6 +143,8 @@ class AgentRuntime:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.uplink is not None:
+            await self.uplink.aclose()
         if self.link:
             await self.link.aclose()
         self.endpoint.close()
@@ -160,6 +171,21 @@ class AgentRuntime:
     def _on_message(self, msg: Incoming) -> None:
         self._run(self.state.handle(Received(msg.peer, msg.type, msg.header, msg.user), msg.received))
 
+    def _on_events(self, msg: Incoming) -> None:
+        """A child's events: only from its own connection; relayed up as they
+        came (the MA validates them, see :meth:`accept_events`)."""
+        h = msg.header
+        child = self.state.registry.children.get(h["name"])
+        if child is None or not (child.route == msg.peer or (msg.user is not None and child.identity == msg.user)):
+            return
+        self.accept_events(h["events"], h.get("dropped") or 0, h["name"])
+
+    def on_answer(self, header: dict) -> None:
+        """An answer sent to a peer (only when ``_watch_answers``)."""
+
+    def accept_events(self, events: list, dropped: int, origin: str) -> None:
+        self.outbox.relay(events, dropped)
+
     def _on_rejected(self, exc) -> None:
         self.state.handle(Rejected(), time.monotonic())
 
@@ -173,6 +199,8 @@ class AgentRuntime:
             if t is Send:
                 if not self.endpoint.send([a.to], a.header) and a.children:
                     actions.extend(self.state.handle(SendFailed(a), time.monotonic()))
+                elif self._watch_answers and not a.children:
+                    self.on_answer(a.header)
             elif t is SendParent:
                 if self.link is not None:
                     self.link.send(a.header)

@@ -33,6 +33,7 @@ from ..core import messages as m
 from ..core.estimation import RunTimePredictor
 from ..core.events import EventOutbox
 from ..core.messages import MsgType
+from ..transport.events_up import EventsUplink
 from ..transport.security import Security
 from ..core.queue import SedScheduler, make_policy
 from ..core.datastore import Where
@@ -140,6 +141,7 @@ class SeD(CallsMixin):
         self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0, "orphans_killed": 0,
                       "orphans_finished": 0}
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
+        self.uplink: EventsUplink | None = None
         self.closed = asyncio.Event()
         self._closing = False
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
@@ -266,6 +268,9 @@ class SeD(CallsMixin):
                     orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
                     security=self.security, parent_key=self.parent_key)
                 r.link.start()
+            first = next(iter(self.replicas.values()))     # the process's events go up one link
+            self.uplink = EventsUplink(first.name, self.outbox, first.link.send)
+            self.uplink.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._housekeeping()))
         log.info("SeD %s listening on %s with %d replica(s) (%s), services: %s", self.name, self.address,
                  len(self.replicas), self.execution.name, ", ".join(sorted(self.services)) or "(none)")
@@ -289,6 +294,9 @@ class SeD(CallsMixin):
                 c.task.cancel()
             if c.ack_timer:
                 c.ack_timer.cancel()
+        if self.uplink is not None:
+            self.uplink.flush()             # the last events (a call cancelled at shutdown...)
+            await self.uplink.aclose()
         for r in self.replicas.values():
             if r.timer:
                 r.timer.cancel()

@@ -5,6 +5,11 @@ options: max_concurrent 1, FCFS, calls in worker processes). The client runs
 in the benchmark process: an :class:`gridrpc.AsyncClient` on this process's
 event loop (the ``*_sync`` items use the blocking :class:`gridrpc.Client`).
 
+Tree A with CURVE (``curve`` items, ``*_curve``): the same tree started
+with ``--secure --keys DIR`` (a key pair per element and a user key
+``bench``, in the run's temp dir), the client with ``keys=DIR, user="bench"``;
+its rows are compared with the plain items of the same run (``PLAIN_OF``).
+
 Tree B (``discovery_100``): MA -> 10 LAs -> 10 ``gridrpc sed --replicas 10``
 processes = 100 SeDs. Memory: a lone ``gridrpc sed --examples`` attached to
 an MA, then one with ``--replicas 100``.
@@ -26,6 +31,9 @@ TREE_ITEMS = ("call_discovery", "call_bound", "call_discovery_sync", "call_bound
               "throughput_bound", "throughput_discovery", "array_8mb")
 # diagnostics (no target): where the time of the items above goes
 DIAG_ITEMS = ("discover_4", "discover_4_fanout", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline")
+# the same tree with CURVE on every link; each compared with its plain item of the same run
+CURVE_ITEMS = ("call_discovery_curve", "call_bound_curve", "throughput_bound_curve", "array_8mb_curve")
+PLAIN_OF = {i: i.removesuffix("_curve") for i in CURVE_ITEMS}
 
 
 class CpuProbe:
@@ -132,12 +140,12 @@ async def _bw(handle, quick: bool) -> dict:
 
 
 async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str], quick: bool,
-                      probe: CpuProbe | None = None) -> dict:
+                      probe: CpuProbe | None = None, client_kw: dict | None = None) -> dict:
     res: dict = {}
     seq_n = 200 if quick else 3000
     tp_n = 400 if quick else 5000
     rep = 1 if quick else 3
-    async with gridrpc.AsyncClient(ma) as c:
+    async with gridrpc.AsyncClient(ma, **(client_kw or {})) as c:
         bound = c.handle("add", server=await c.resolve(bound_to))
         if "call_discovery" in items:
             res["call_discovery"] = await _seq(lambda: c.call("add", 1, 2), 50, seq_n, probe)
@@ -165,11 +173,15 @@ async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str
     return res
 
 
-def run_tree(procs: Procs, items: set[str], quick: bool) -> dict:
+def run_tree(procs: Procs, items: set[str], quick: bool, secure: bool = False) -> dict:
+    """Tree A items; ``secure``: the ``*_curve`` items, i.e. their plain
+    items measured on tree A started with CURVE keys."""
+    if secure:
+        items = {PLAIN_OF[i] for i in items if i in PLAIN_OF}
     t0 = time.monotonic()
-    tree = procs.tree(las=2, seds_per_la=2)
+    tree = procs.tree(las=2, seds_per_la=2, secure=secure)
     setup = time.monotonic() - t0
-    ma = tree["ma"].address
+    ma, kw = tree["ma"].address, tree["client_kw"]
     bound_to = tree["sed_names"][0]
     inline = None
     if {"call_bound_inline", "throughput_bound_inline", "array_8mb_inline"} & items:
@@ -179,18 +191,20 @@ def run_tree(procs: Procs, items: set[str], quick: bool) -> dict:
     roles = {"ma": [tree["ma"].pid], "la": [p.pid for p in tree["las"]], "sed": [p.pid for p in tree["seds"]]}
     if inline:
         roles["sed"].append(p.pid)
-    res = asyncio.run(_tree_async(ma, bound_to, inline, items, quick, CpuProbe(roles, 0.5 if quick else 2.0)))
+    res = asyncio.run(_tree_async(ma, bound_to, inline, items, quick, CpuProbe(roles, 0.5 if quick else 2.0), kw))
     seq_n = 200 if quick else 3000
     if {"call_discovery_sync", "call_bound_sync"} & items:
-        with gridrpc.Client(ma) as c:
+        with gridrpc.Client(ma, **kw) as c:
             if "call_discovery_sync" in items:
                 res["call_discovery_sync"] = _seq_sync(lambda: c.call("add", 1, 2), 50, seq_n)
             if "call_bound_sync" in items:
                 h = c.handle("add", server=bound_to)
                 res["call_bound_sync"] = _seq_sync(lambda: h(1, 2), 50, seq_n)
     for k, v in res.items():
-        v["tree"] = "MA -> 2 LAs -> 4 SeDs (separate processes)"
+        v["tree"] = "MA -> 2 LAs -> 4 SeDs (separate processes)" + (", CURVE on every link" if secure else "")
         v["bound_to"] = "sed-inline (--isolation inline, no parent)" if k.endswith("_inline") else bound_to
+    if secure:
+        return {**{k + "_curve": v for k, v in res.items()}, "_setup_s": {"tree_a_curve": setup}}
     res["_setup_s"] = {"tree_a": setup}
     return res
 

@@ -99,31 +99,55 @@ class Procs:
         self.procs.append(proc)
         return proc
 
-    def daemon(self, kind: str, name: str, *args: str, parent: str | None = None) -> Proc:
-        """Start ``gridrpc KIND`` (not waiting: call ``wait_ready``)."""
+    def daemon(self, kind: str, name: str, *args: str, parent: str | None = None,
+               keys: Path | None = None, parent_key: str | None = None) -> Proc:
+        """Start ``gridrpc KIND`` (not waiting: call ``wait_ready``). With
+        ``keys`` (a key directory, see :meth:`keys`): ``--secure --keys DIR``
+        and, under a parent, ``--parent-key PARENT_KEY`` (its element name)."""
         ready = self.tmp / f"{name}.{len(self.procs)}.ready"
         cmd = [sys.executable, "-m", "gridrpc", kind, "--name", name, "--port", "0",
                "--hb-interval", str(self.hb[0]), "--hb-timeout", str(self.hb[1]),
                "--ready-file", str(ready), "--log-level", "WARNING", *args]
+        if keys:
+            cmd += ["--secure", "--keys", str(keys)]
         if parent:
             cmd += ["--parent", parent]
+            if keys:
+                cmd += ["--parent-key", parent_key]
         return self.spawn(name, cmd, ready)
 
+    def keys(self, elements: list[str], users: tuple[str, ...] = ("bench",)) -> Path:
+        """A CURVE key directory in the temp dir with a key pair per element
+        and per user (``gridrpc.transport.security.KeyStore``)."""
+        from gridrpc.transport.security import KeyStore
+        store = KeyStore(self.tmp / "keys")
+        for name in elements:
+            store.create(name, "element", overwrite=True)
+        for name in users:
+            store.create(name, "user", overwrite=True)
+        return store.dir
+
     def tree(self, las: int, seds_per_la: int, sed_args: tuple[str, ...] = ("--examples",),
-             replicas: int = 1, timeout: float = 60.0) -> dict:
+             replicas: int = 1, timeout: float = 60.0, secure: bool = False) -> dict:
         """MA -> ``las`` LAs -> ``seds_per_la`` SeD processes each (each with
-        ``replicas`` SeDs). Returns {ma, las, seds (Proc), sed_names}."""
-        ma = self.daemon("ma", "MA").wait_ready(timeout)
-        la_procs = [self.daemon("la", f"LA{i + 1}", parent=ma.address) for i in range(las)]
+        ``replicas`` SeDs). Returns {ma, las, seds (Proc), sed_names, client_kw}.
+        ``secure``: CURVE on every link (element keys for all, a user key
+        ``bench``); ``client_kw`` holds the client's ``keys=`` and ``user=``."""
+        la_names = [f"LA{i + 1}" for i in range(las)]
+        sed_names = [[f"sed-{i + 1}-{j + 1}" for j in range(seds_per_la)] for i in range(las)]
+        keys = self.keys(["MA", *la_names, *(n for ns in sed_names for n in ns)]) if secure else None
+        client_kw = {"keys": str(keys), "user": "bench"} if keys else {}
+        ma = self.daemon("ma", "MA", keys=keys).wait_ready(timeout)
+        la_procs = [self.daemon("la", n, parent=ma.address, keys=keys, parent_key="MA") for n in la_names]
         for p in la_procs:
             p.wait_ready(timeout)
         rep = ("--replicas", str(replicas)) if replicas > 1 else ()
-        seds = [self.daemon("sed", f"sed-{i + 1}-{j + 1}", *sed_args, *rep, parent=la.address)
-                for i, la in enumerate(la_procs) for j in range(seds_per_la)]
+        seds = [self.daemon("sed", n, *sed_args, *rep, parent=la.address, keys=keys, parent_key=la.name)
+                for la, ns in zip(la_procs, sed_names) for n in ns]
         for p in seds:
             p.wait_ready(timeout)
-        names = wait_registered(ma.address, len(seds) * replicas, timeout)
-        return {"ma": ma, "las": la_procs, "seds": seds, "sed_names": names}
+        names = wait_registered(ma.address, len(seds) * replicas, timeout, **client_kw)
+        return {"ma": ma, "las": la_procs, "seds": seds, "sed_names": names, "client_kw": client_kw}
 
     def stop(self, keep_logs: bool = False) -> None:
         for p in reversed(self.procs):
@@ -143,12 +167,13 @@ class Procs:
         self.stop(keep_logs=exc_type is not None)      # logs of a failed run stay for a look
 
 
-def wait_registered(ma: str, n: int, timeout: float) -> list[str]:
-    """Wait until the MA's tree shows ``n`` SeDs; return their names."""
+def wait_registered(ma: str, n: int, timeout: float, **client_kw) -> list[str]:
+    """Wait until the MA's tree shows ``n`` SeDs; return their names.
+    ``client_kw``: the client's ``keys=``/``user=`` for a secure tree."""
     from gridrpc import Client, GridRPCError
     deadline = time.monotonic() + timeout
     seen: list[str] = []
-    with Client(ma, discovery_timeout=5) as c:
+    with Client(ma, discovery_timeout=5, **client_kw) as c:
         while True:
             try:
                 seen = sorted(e["name"] for e in c.tree()

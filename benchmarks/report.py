@@ -1,4 +1,4 @@
-"""Targets (issues 2 and 5) and the printed table."""
+"""Targets (issues 2 and 5, and the cost of CURVE) and the printed tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,6 +24,52 @@ def rate(res, item):
 
 def gbs(res, item):
     return _get(res, item, "gb_per_s")
+
+
+# CURVE items: (item, kind, target on secure / plain time per call or None). The
+# plain item is the name without ``_curve``, measured in the same run.
+SECURITY = [("call_discovery_curve", "lat", None), ("call_bound_curve", "lat", 1.15),
+            ("throughput_bound_curve", "rate", None), ("array_8mb_curve", "bw", 1.10)]
+
+
+def plain_of(item: str) -> str:
+    return item.removesuffix("_curve")
+
+
+def ms_per_call(res, item, kind):
+    """Time per call in ms: the median latency / round trip, or 1000 / rate."""
+    if kind == "rate":
+        r = rate(res, item)
+        return 1e3 / r if r else None
+    return med(res, item)
+
+
+def security_ratio(res, item, kind="lat"):
+    """Secure / plain time per call (> 1: CURVE is slower); None if either is missing."""
+    s, p = ms_per_call(res, item, kind), ms_per_call(res, plain_of(item), kind)
+    return s / p if s and p else None
+
+
+def _cpu_total(res, item):
+    c = _get(res, item, "cpu_us_per_call")
+    return sum(c.values()) if c else None
+
+
+def security_cost(res: dict) -> dict:
+    """The JSON section: per CURVE item, plain and secure time per call, ratio, CPU."""
+    out = {}
+    for item, kind, limit in SECURITY:
+        ratio = security_ratio(res, item, kind)
+        if ratio is None:
+            continue
+        cs, cp = _cpu_total(res, item), _cpu_total(res, plain_of(item))
+        out[item] = {"plain_item": plain_of(item), "plain_ms_per_call": ms_per_call(res, plain_of(item), kind),
+                     "curve_ms_per_call": ms_per_call(res, item, kind), "ratio": round(ratio, 4),
+                     "cost_pct": round((ratio - 1) * 100, 1),
+                     "cpu_us_per_call": {"plain": cp, "curve": cs} if cs and cp else None,
+                     "cpu_ratio": round(cs / cp, 4) if cs and cp else None,
+                     "target_ratio": limit, "met": None if limit is None else ratio <= limit}
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,6 +117,12 @@ TARGETS = [
                      f"{rate(r, 'dask_throughput'):,.0f}/s"),
     Target("array_8mb", "8 MB round trip >= 1 GB/s", "array_8mb",
            _t(lambda r: gbs(r, "array_8mb") >= 1.0), lambda r: f"{gbs(r, 'array_8mb'):.2f} GB/s"),
+    Target("curve_bound_call", "CURVE bound call: <= 1.15x the plain bound call (same run)", "call_bound_curve",
+           _t(lambda r: security_ratio(r, "call_bound_curve") <= 1.15),
+           lambda r: f"{security_ratio(r, 'call_bound_curve'):.2f}x plain"),
+    Target("curve_8mb", "CURVE 8 MB round trip: <= 1.10x the plain round trip (same run)", "array_8mb_curve",
+           _t(lambda r: security_ratio(r, "array_8mb_curve", "bw") <= 1.10),
+           lambda r: f"{security_ratio(r, 'array_8mb_curve', 'bw'):.2f}x plain"),
     Target("discovery_100", "discovery with 100 SeDs: median <= 15 ms", "discovery_100",
            _t(lambda r: med(r, "discovery_100") <= 15.0), lambda r: f"{med(r, 'discovery_100'):.2f} ms"),
     Target("idle_sed_rss", "idle SeD <= 60 MB RSS", "memory_sed",
@@ -116,7 +168,11 @@ ROWS = [
     ("floor_8mb", "floor: 8 MB array echo, copy=False", "bw", (None, None, None)),
     ("call_discovery", "gridrpc: add with discovery (MA->2 LAs->4 SeDs), AsyncClient", "lat",
      ("floor_latency", "ray_call", "dask_call")),
+    ("call_discovery_curve", "gridrpc CURVE: add with discovery, AsyncClient", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
     ("call_bound", "gridrpc: add through a bound handle, AsyncClient", "lat",
+     ("floor_latency", "ray_call", "dask_call")),
+    ("call_bound_curve", "gridrpc CURVE: add through a bound handle, AsyncClient", "lat",
      ("floor_latency", "ray_call", "dask_call")),
     ("call_discovery_sync", "gridrpc: add with discovery, blocking Client", "lat",
      ("floor_latency", "ray_call", "dask_call")),
@@ -124,9 +180,12 @@ ROWS = [
      ("floor_latency", "ray_call", "dask_call")),
     ("throughput_bound", "gridrpc: async throughput, bound (256 in flight)", "rate",
      ("floor_throughput", "ray_throughput", "dask_throughput")),
+    ("throughput_bound_curve", "gridrpc CURVE: async throughput, bound (256 in flight)", "rate",
+     ("floor_throughput", "ray_throughput", "dask_throughput")),
     ("throughput_discovery", "gridrpc: async throughput, with discovery (256 in flight)", "rate",
      ("floor_throughput", "ray_throughput", "dask_throughput")),
     ("array_8mb", "gridrpc: 8 MB numpy echo, bound", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
+    ("array_8mb_curve", "gridrpc CURVE: 8 MB numpy echo, bound", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
     ("discover_4", "diagnostic: discover(add) alone, 4 SeDs", "lat", ("floor_latency", None, None)),
     ("discover_4_fanout", "diagnostic: discover(add) alone, 4 SeDs, fan-out (max_age=0)", "lat",
      ("floor_latency", None, None)),
@@ -177,11 +236,31 @@ def table(res: dict, targets: list[dict], skipped: dict) -> str:
                 lines.append(f"| {label} | skipped | {skipped[item]} | | | | {_target_texts(targets, item)} | n/a |")
             continue
         val, detail = _fmt_main(res, item, kind)
+        if item.endswith("_curve") and security_ratio(res, item, kind):
+            detail += f", {security_ratio(res, item, kind):.2f}x plain"
         ours = _value(res, item, kind)
         lower = kind == "lat"
         cmp = [_speed(ours, _value(res, c, kind), lower) if c else "" for c in (fl, ray, dask)]
         lines.append(f"| {label} | {val} | {detail} | {cmp[0]} | {cmp[1]} | {cmp[2]} | "
                      f"{_target_texts(targets, item)} | {_marks(targets, item)} |")
+    return "\n".join(lines)
+
+
+def security_table(res: dict, cost: dict, targets: list[dict]) -> str:
+    """CURVE rows next to their plain rows of the same run (``security_cost``);
+    the ratio is secure / plain time per call (latency, 1 / rate, round trip)."""
+    if not cost:
+        return ""
+    rows = {item: (label, kind) for item, label, kind, _c in ROWS}
+    lines = ["| security cost | plain | CURVE | secure / plain time | CPU µs per call, plain -> CURVE "
+             "| target | mark |", "|---|---|---|---|---|---|---|"]
+    for item, c in cost.items():
+        label, kind = rows[item]
+        cpu = c["cpu_us_per_call"]
+        cpu = f"{cpu['plain']:.0f} -> {cpu['curve']:.0f} ({c['cpu_ratio']:.2f}x)" if cpu else ""
+        lines.append(f"| {label.removeprefix('gridrpc CURVE: ')} | {_fmt_main(res, plain_of(item), kind)[0]} "
+                     f"| {_fmt_main(res, item, kind)[0]} | {c['ratio']:.2f}x ({c['cost_pct']:+.0f} %) | {cpu} "
+                     f"| {_target_texts(targets, item)} | {_marks(targets, item)} |")
     return "\n".join(lines)
 
 

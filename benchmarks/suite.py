@@ -4,8 +4,10 @@
     gridrpc bench ...            (same options)
 
 Names for ``--only`` are item names (``call_bound``, ``ray_8mb`` ...) or
-groups: ``floor``, ``tree``, ``discovery``, ``memory``, ``ray``, ``dask``,
-``gridrpc`` (tree + discovery + memory), ``peers`` (ray + dask).
+groups: ``floor``, ``tree``, ``curve``, ``discovery``, ``memory``, ``ray``,
+``dask``, ``gridrpc`` (tree + curve + discovery + memory), ``peers`` (ray +
+dask). A ``*_curve`` item (tree A with CURVE) always brings its plain item:
+the secure / plain ratio compares two rows of the same run.
 """
 from __future__ import annotations
 
@@ -25,12 +27,13 @@ from .procs import REPO, TOKEN, TOKEN_VAR, Procs, sweep
 GROUPS: dict[str, tuple[str, ...]] = {
     "floor": ("floor_latency", "floor_throughput", "floor_8mb"),
     "tree": grid.TREE_ITEMS + grid.DIAG_ITEMS,
+    "curve": grid.CURVE_ITEMS,
     "discovery": ("discovery_100",),
     "memory": ("memory_sed", "memory_replicas"),
     "ray": ("ray_call", "ray_throughput", "ray_8mb"),
     "dask": ("dask_call", "dask_throughput", "dask_8mb"),
 }
-ALIASES = {"gridrpc": ("tree", "discovery", "memory"), "peers": ("ray", "dask")}
+ALIASES = {"gridrpc": ("tree", "curve", "discovery", "memory"), "peers": ("ray", "dask")}
 ALL_ITEMS = tuple(i for g in GROUPS.values() for i in g)
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -50,7 +53,7 @@ def select(only: str | None) -> set[str]:
         else:
             raise SystemExit(f"unknown benchmark {name!r}; items: {', '.join(ALL_ITEMS)}; "
                              f"groups: {', '.join([*GROUPS, *ALIASES])}")
-    return out
+    return out | {grid.PLAIN_OF[i] for i in out if i in grid.PLAIN_OF}     # ratios from one run
 
 
 def _peer(which: str, quick: bool, timeout: float) -> dict:
@@ -132,6 +135,7 @@ def run(items: set[str], quick: bool, log=print) -> dict:
 
     step("floor", GROUPS["floor"], with_procs(lambda p, todo: floor.run(p, todo, quick)))
     step("tree", GROUPS["tree"], with_procs(lambda p, todo: grid.run_tree(p, todo, quick)))
+    step("curve", GROUPS["curve"], with_procs(lambda p, todo: grid.run_tree(p, todo, quick, secure=True)))
     step("discovery", GROUPS["discovery"], with_procs(lambda p, todo: grid.run_discovery_100(p, quick)))
     step("memory", GROUPS["memory"], with_procs(lambda p, todo: grid.run_memory(p, todo, quick)))
     for which in ("ray", "dask"):
@@ -171,7 +175,7 @@ def run_cli(a: argparse.Namespace, prog: str = "python -m benchmarks") -> int:
     meta["duration_s"] = round(time.monotonic() - t0, 1)
     meta["loadavg_end"] = list(os.getloadavg())
     targets = report.evaluate(out["results"])
-    doc = {"meta": meta, **out, "targets": targets}
+    doc = {"meta": meta, **out, "targets": targets, "security_cost": report.security_cost(out["results"])}
     path = Path(a.json or DEFAULT_JSON)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
@@ -180,6 +184,10 @@ def run_cli(a: argparse.Namespace, prog: str = "python -m benchmarks") -> int:
           f"load {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f})\n")
     print(report.table(out["results"], targets, out["skipped"]))
     print()
+    sec = report.security_table(out["results"], doc["security_cost"], targets)
+    if sec:
+        print(sec)
+        print()
     cpu = report.cpu_table(out["results"])
     if cpu:
         print(cpu)

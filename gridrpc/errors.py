@@ -109,6 +109,7 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "worker_died": WorkerDied,
     "service_not_found": ServiceNotFound,
     "no_server": NoServerAvailable,
+    "no_acceptable_server": NoServerAvailable,
     "cancelled": CallCancelled,
     "preempted": CallPreempted,
     "protocol": ProtocolError,

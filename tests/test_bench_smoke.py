@@ -29,3 +29,51 @@ def test_bench_quick_writes_json(tmp_path):
     statuses = {t["key"]: t["status"] for t in doc["targets"]}
     assert statuses["idle_sed_rss"] in ("PASS", "SHORT")
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_quick_curve_pair(tmp_path):
+    """One CURVE item on a secure tree A (keys in the run's temp dir) and its
+    plain item on tree A, in one run: both measured, the ratio in the JSON."""
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "gridrpc", "bench", "--quick", "--only", "call_bound_curve",
+                        "--json", str(out)], capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| security cost |" in r.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"call_bound", "call_bound_curve"}
+    assert "CURVE" in doc["results"]["call_bound_curve"]["tree"]
+    cost = doc["security_cost"]["call_bound_curve"]
+    assert cost["ratio"] > 0 and cost["target_ratio"] == 1.15
+    assert not doc["errors"] and doc["leftover_processes_killed"] == []
+
+
+def test_curve_rows_bring_their_plain_rows_and_ratios():
+    """The ``curve`` group: selecting it selects the plain items too (one run),
+    and the report puts secure / plain ratios in the table and the JSON.
+    No process started."""
+    from benchmarks import report, suite
+    assert suite.select("curve") == {"call_discovery", "call_bound", "throughput_bound", "array_8mb",
+                                     "call_discovery_curve", "call_bound_curve", "throughput_bound_curve",
+                                     "array_8mb_curve"}
+    assert suite.select("call_bound_curve") == {"call_bound", "call_bound_curve"}
+    cpu = {"client": 100.0, "sed": 100.0}
+    res = {"call_bound": {"median_ms": 1.0, "p99_ms": 2.0, "cpu_us_per_call": cpu},
+           "call_bound_curve": {"median_ms": 1.25, "p99_ms": 2.5, "cpu_us_per_call": {"client": 150.0, "sed": 150.0}},
+           "throughput_bound": {"calls_per_s": {"median": 1000.0}, "n": 400},
+           "throughput_bound_curve": {"calls_per_s": {"median": 800.0}, "n": 400},
+           "array_8mb": {"median_ms": 40.0, "p99_ms": 50.0, "gb_per_s": 0.42},
+           "array_8mb_curve": {"median_ms": 42.0, "p99_ms": 55.0, "gb_per_s": 0.40}}
+    cost = report.security_cost(res)
+    assert set(cost) == {"call_bound_curve", "throughput_bound_curve", "array_8mb_curve"}
+    assert cost["call_bound_curve"]["ratio"] == pytest.approx(1.25)
+    assert cost["call_bound_curve"]["cpu_ratio"] == pytest.approx(1.5)
+    assert cost["call_bound_curve"]["met"] is False
+    assert cost["throughput_bound_curve"]["ratio"] == pytest.approx(1.25)    # time per call, not calls/s
+    assert cost["array_8mb_curve"]["met"] is True
+    targets = {t["key"]: t["status"] for t in report.evaluate(res)}
+    assert targets["curve_bound_call"] == "SHORT" and targets["curve_8mb"] == "PASS"
+    text = report.security_table(res, cost, report.evaluate(res))
+    assert "1.25x (+25 %)" in text and "1.05x (+5 %)" in text
+    assert "1.25x plain" in report.table(res, report.evaluate(res), {})

@@ -14,7 +14,7 @@ from gridrpc.errors import ProtocolError
 
 WIRE_TYPES = ["register", "registered", "unregister", "heartbeat", "heartbeat_ack", "discover",
               "servers", "services", "catalogue", "call", "accepted", "result", "cancel",
-              "cancelled", "ping", "pong", "error", "view", "data_put", "data_get", "data_free", "data"]
+              "cancelled", "ping", "pong", "error", "events", "view", "data_put", "data_get", "data_free", "data"]
 
 #: the smallest valid header of each type (besides v, type, id)
 REQUIRED = {
@@ -35,6 +35,7 @@ REQUIRED = {
     "ping": {},
     "pong": {},
     "error": {"error": {"kind": "remote", "type": "ValueError", "message": "m", "traceback": ""}},
+    "events": {"name": "sed-1", "events": []},
     "view": {"name": "sed-1"},
     "data_put": {"ref": "r1"},
     "data_get": {"ref": "r1"},
@@ -84,6 +85,9 @@ FULL = {
     "error": {"error": {"kind": "remote", "type": "ValueError", "message": "boom", "traceback": "Tb\n"},
               "server": "sed-1", "name": "LA1", "vm": "c-vm-1", "timing": {"received": 1.0, "started": None},
               "batch": {"job_id": "7"}},
+    "events": {"name": "LA1", "events": [{"kind": "call_finished", "time": 1.7e9, "element": "sed-1",
+                                          "id": "c1", "user": "alice", "service": "add", "duration": 0.01}],
+               "dropped": 3},
     "view": {"name": "LA1", "entries": [{"name": "sed-1", "services": {"add": {"eft": 1.0, "num_waiting": 0}},
                                          "age_ms": 1.5}], "gone": ["sed-2"]},
     "data_put": {"ref": "r-1", "sed": "sed-1", "user": "alice", "mode": "sticky", "value": {"__t": "nd", "i": 0},
@@ -128,7 +132,7 @@ def test_the_required_fields():
         ("register", "name"), ("register", "kind"), ("register", "services"), ("unregister", "name"),
         ("heartbeat", "name"), ("heartbeat_ack", "known"), ("discover", "service"), ("discover", "k"),
         ("servers", "servers"), ("catalogue", "services"), ("call", "service"), ("call", "args"),
-        ("call", "kwargs"), ("error", "error"), ("view", "name"), ("data_put", "ref"), ("data_get", "ref"),
+        ("call", "kwargs"), ("error", "error"), ("events", "name"), ("events", "events"), ("view", "name"), ("data_put", "ref"), ("data_get", "ref"),
         ("data_free", "ref"), ("data", "ref")]
 
 
@@ -210,6 +214,8 @@ BAD = [
     ("ping", "ids", "c-1"), ("ping", "ids", [5]), ("ping", "ids", [".."]), ("ping", "ids", ["a/b"]),
     ("ping", "ids", ["x" * 129]), ("ping", "ids", [None]),
     ("pong", "name", 5), ("pong", "calls", []), ("pong", "calls", {"c-1": 5}), ("pong", "calls", {"../x": "done"}),
+    ("events", "name", "<b>"), ("events", "events", {"kind": "x"}), ("events", "events", [1]),
+    ("events", "events", [{}] * 1001), ("events", "dropped", -1),
     ("view", "name", "../x"), ("view", "entries", [{"name": "sed-1"}]),
     ("view", "entries", [{"name": "sed-1", "services": {"add": 5}}]),
     ("view", "entries", [{"name": "sed-1", "services": {}, "age_ms": -1}]), ("view", "gone", ["a b"]),

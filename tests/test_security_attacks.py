@@ -61,8 +61,8 @@ def attacked_tree(tmp_path):
             def registered():
                 try:
                     return c.discover("add", 1) != []
-                except gridrpc.ServiceNotFound:
-                    return False
+                except (gridrpc.ServiceNotFound, gridrpc.NoServerAvailable):
+                    return False                # not yet registered, or the MA still rebuilding
             wait_for(registered, 20, "the SeD registered")
         yield pt, ma, la, sed, sed_tmp
 

@@ -70,5 +70,11 @@ class MasterRole:
     def finished(self, request_id: str, service: str, k: int, done: Done) -> dict | None:
         if done.servers or k <= 0:
             return None
+        if not done.timed_out and done.answered:
+            # everyone answered, none was acceptable (an aggregator's filter, e.g. a price cap):
+            # asking again would not help
+            return m.error_header(request_id, "no_acceptable_server",
+                                  f"none of the {done.answered} servers offering {service!r} is acceptable "
+                                  "to the aggregator of this request")
         silent = f" (silent: {', '.join(done.timed_out)})" if done.timed_out else ""
         return m.error_header(request_id, "no_server", f"no server answered for {service!r} in time{silent}")

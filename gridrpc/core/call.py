@@ -563,7 +563,12 @@ class CallMachine:
         return []
 
     def _retry_timeout_error(self) -> CallError:
-        last = f": {self.last_error.message}" if self.last_error is not None else ""
+        if self.last_error is not None:
+            last = f": {self.last_error.message}"
+        elif self.phase is Phase.DISCOVERING:
+            last = ": the master agent did not answer the discovery in time"
+        else:
+            last = ""
         return CallError(kind="timeout", message=f"call to {self.service} timed out after "
                                                  f"{self.discoveries} discovery attempt(s){last}")
 

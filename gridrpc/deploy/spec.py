@@ -231,4 +231,4 @@ def _loopback_host(hosts: dict, host: str) -> bool:
     if host in LOCAL_HOSTS:
         return True
     h = hosts.get(host)
-    return h is not None and h.launcher == "local" and is_loopback(h.address)
+    return h is not None and is_loopback(h.address)      # what the sockets bind decides, not the launcher

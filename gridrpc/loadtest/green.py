@@ -281,9 +281,19 @@ class GreenClient:
                    budget_ms=o.budget * 1000, optional=False,
                    args=[codec.light_description(a) for a in args])
         wait = o.discovery_timeout if timeout is None else min(o.discovery_timeout, timeout)
-        mt, r, size = self._ma_request(h, wait)
-        if mt is MsgType.ERROR:
-            raise error_from_wire(r["error"])
+        until = time.monotonic() + (o.retry_timeout if timeout is None else timeout)
+        delay = 0.05
+        while True:
+            mt, r, size = self._ma_request(h, wait)
+            if mt is not MsgType.ERROR:
+                break
+            exc = error_from_wire(r["error"])
+            # a restarted MA rebuilding its tree: retry, as the asyncio client does, within the budget
+            if getattr(exc, "kind", None) != "rebuilding" or time.monotonic() + delay > until:
+                raise exc
+            gevent.sleep(delay)
+            delay = min(1.0, delay * 2)
+            h = dict(h, id=new_id())
         servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {})
                    for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
         for s in servers:

@@ -72,6 +72,9 @@ class CloudVMs(BaseBackend):
     every call) or idle VMs kept (``pool``); the VMs must reach the SeD."""
     name: ClassVar[str] = "cloud"
     server_type = "cloud"
+    # a VM's wait counts down while it boots and the pool changes with every call:
+    # discoveries ask the cloud SeD (fan-out) rather than age a pushed snapshot
+    push_estimation = False
     remote = True
     where = "on cloud VMs"
 

@@ -139,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process: each call in a killable worker process (default); inline: in the SeD")
     p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024,
                    help="largest call accepted, bytes (default 512 MiB)")
+    p.add_argument("--allow", action="append", default=[], metavar="SERVICE=USERS",
+                   help="only these users (comma-separated; @group allowed) may call SERVICE ('*': every "
+                        "service not listed); repeatable. The user is the key's user under --secure")
+    p.add_argument("--group", action="append", default=[], metavar="NAME=USERS", help="a group for --allow")
+    p.add_argument("--max-calls-per-user", type=int, default=None, metavar="N",
+                   help="calls in flight (queued or running) per user on this SeD")
     p.add_argument("--result-cache-bytes", type=int, default=64 * 1024 * 1024,
                    help="answers kept for repeated request ids, bytes (default 64 MiB)")
     p.add_argument("--orphan-call-timeout", type=float, default=30.0,
@@ -247,6 +253,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
             d = LocalAgent(name=a.name, parent=parent, address=address, orphan_timeout=a.orphan_timeout, **hb)
         else:
             a.parent = parent
+            hb["access"] = _access_rules(a)
             if getattr(a, "batch", None):
                 from .sed.batch.cli import make_batch_sed
                 d = make_batch_sed(a, address, hb)
@@ -265,6 +272,21 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         print(f"gridrpc {a.cmd}: error: {_os_error_text(a, exc)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _access_rules(a: argparse.Namespace):
+    from .errors import ConfigError
+    from .sed.access import AccessRules
+
+    def pairs(items, flag):
+        out = {}
+        for item in items:
+            k, sep, v = item.partition("=")
+            if not sep or not k:
+                raise ConfigError(f"{flag} expects NAME=USER1,USER2, got {item!r}")
+            out[k] = [x for x in v.split(",") if x]
+        return out
+    return AccessRules.build(pairs(a.allow, "--allow"), pairs(a.group, "--group"), a.max_calls_per_user)
 
 
 def _security_kwargs(a: argparse.Namespace, parent: str | None) -> dict:

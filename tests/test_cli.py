@@ -95,9 +95,12 @@ def test_result_cache_bytes_reaches_the_sed_command():
     from gridrpc.deploy.spec import parse
     spec = parse({"master_agent": {"name": "MA"},
                   "seds": [{"name": "s1", "parent": "MA", "examples": True, "result_cache_bytes": 1000,
-                            "max_message_size": 2048}]})
+                            "max_message_size": 2048, "allow": {"sleep": ["@staff", "bob"]},
+                            "groups": {"staff": ["alice"]}, "max_calls_per_user": 3}]})
     d = Deployment(spec)
     d.addresses["MA"] = "tcp://127.0.0.1:5555"
     cmd = d.command(next(e for e in spec.elements if e.name == "s1"))
     assert cmd[cmd.index("--result-cache-bytes") + 1] == "1000"
     assert cmd[cmd.index("--max-message-size") + 1] == "2048"
+    assert cmd[cmd.index("--allow") + 1] == "sleep=@staff,bob" and cmd[cmd.index("--group") + 1] == "staff=alice"
+    assert cmd[cmd.index("--max-calls-per-user") + 1] == "3"

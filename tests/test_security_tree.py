@@ -135,3 +135,29 @@ def test_data_moves_server_to_server_under_curve(tmp_path):
             import numpy as np
             ref = a.put(np.arange(1000.0), server="sed-ma-1")
             assert (a.call("echo", ref, server="sed-ma-2") == np.arange(1000.0)).all()   # fetched SeD to SeD
+
+
+def test_authorization_and_per_user_limits(tmp_path):
+    """Per service, which users may call it; per user, calls in flight; a
+    refusal names the rule. Under CURVE the user is the key's."""
+    from gridrpc.sed.access import AccessRules
+    keys = str(tmp_path / "k")
+    rules = AccessRules.build(allow={"sleep": ["@staff"], "fail": ["nobody"]}, groups={"staff": ["alice"]},
+                              max_calls_per_user=2)
+    with LocalTree(las=0, seds_under_ma=1, keys=keys, users=["alice", "bob"], http=False,
+                   sed_options={"access": rules, "max_concurrent": 4}) as t:
+        with gridrpc.Client(t.ma_address, keys=keys, user="alice") as a, \
+                gridrpc.Client(t.ma_address, keys=keys, key="bob", user="bob") as b:
+            assert b.call("add", 1, 1) == 2                     # not covered by a rule: open
+            with pytest.raises(gridrpc.Refused, match="may not call 'sleep'.*allow rule for 'sleep'"):
+                b.call("sleep", 0.01)
+            b._aclient.user = "alice"                           # the header cannot make bob alice
+            with pytest.raises(gridrpc.Refused, match="user 'bob'"):
+                b.call("sleep", 0.01)
+            calls = [a.submit("sleep", 2) for _ in range(2)]
+            wait_for(lambda: all(c.server for c in calls), 10, "alice's two calls accepted")
+            with pytest.raises(gridrpc.Refused, match="2 calls in flight.*max_calls_per_user=2"):
+                a.call("sleep", 0.01)
+            for c in calls:
+                c.cancel()
+            wait_for(lambda: a.call("add", 2, 2) == 4, 10, "slots free again")

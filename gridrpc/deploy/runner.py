@@ -207,9 +207,13 @@ class Deployment(StartUp, TearDown, DeploymentState):
                               ("replicas", "--replicas"), ("workers", "--workers"),
                               ("isolation", "--isolation"), ("kill_grace", "--kill-grace"),
                               ("result_cache_bytes", "--result-cache-bytes"),
-                              ("max_message_size", "--max-message-size")):
+                              ("max_message_size", "--max-message-size"),
+                              ("max_calls_per_user", "--max-calls-per-user")):
                 if o.get(key) is not None:
                     cmd += [flag, str(o[key])]
+            for key, flag in (("allow", "--allow"), ("groups", "--group")):
+                for name, users in (o.get(key) or {}).items():
+                    cmd += [flag, f"{name}={','.join(users)}"]
             if o.get("kind") == "cloud":
                 from ..sed.cloud.config import cloud_cli_args
                 cmd += cloud_cli_args(o)

@@ -36,7 +36,8 @@ MA_KEYS = frozenset({"name", "host", "port", "http_port"})
 LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout"})
 SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
                       "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
-                      "scheduler", "partition", "options", "result_cache_bytes", "max_message_size"})
+                      "scheduler", "partition", "options", "result_cache_bytes", "max_message_size",
+                      "allow", "groups", "max_calls_per_user"})
 HOST_KEYS = frozenset({"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
                        "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
                        "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"})
@@ -307,6 +308,9 @@ class SedModel(_Model):
     isolation: Literal["process", "inline"] | None = None
     kill_grace: NonNegFloat | None = None
     result_cache_bytes: NonNegInt | None = None
+    allow: dict[str, list[Text]] | None = None       # service | "*" -> users / "@group"
+    groups: dict[str, list[Text]] | None = None
+    max_calls_per_user: PosInt | None = None
     max_message_size: PosInt | None = None
     orphan_timeout: Orphan = None
     args: ArgList | None = None

@@ -84,6 +84,9 @@ class CallsMixin:
         svc = self.services.get(h["service"])
         if svc is None:
             return self._reject(route, cid, "service_not_found", f"SeD {r.name} does not offer {h['service']!r}")
+        refusal = self.access.check(svc.name, _user(msg), self._in_flight)
+        if refusal is not None:
+            return self._reject(route, cid, "refused", f"SeD {r.name}: {refusal}")
         ex = self.execution
         workdir = ex.new_workdir()
         try:
@@ -126,6 +129,7 @@ class CallsMixin:
         """Queue a call (also used by back-ends: calls recovered after a restart)."""
         now = time.time() if now is None else now
         self._event(EventKind.CALL_QUEUED, call, now)
+        self._in_flight[call.user] = self._in_flight.get(call.user, 0) + 1
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
     def _accepted(self, call: _Call, duplicate: bool = False) -> dict:
@@ -339,6 +343,11 @@ class CallsMixin:
             log.info("SeD %s: answer to %s not delivered", self.name, call.id)
         now = time.time()
         self._ended_event(call, header, now)
+        left = self._in_flight.get(call.user, 0) - 1
+        if left > 0:
+            self._in_flight[call.user] = left
+        else:
+            self._in_flight.pop(call.user, None)
         actions = self.lifecycle.complete(call.id, frames, ok=ok, now=now)
         self.execution.finished(call, header, frames, delivered)
         call.args = call.kwargs = None          # the record may outlive the call (tasks): free the data

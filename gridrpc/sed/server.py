@@ -34,6 +34,7 @@ from ..core.estimation import RunTimePredictor
 from ..core.events import EventOutbox
 from ..core.messages import MsgType
 from ..transport.events_up import EventsUplink
+from .access import OPEN, AccessRules
 from ..transport.security import Security
 from ..core.queue import SedScheduler, make_policy
 from ..core.datastore import Where
@@ -88,7 +89,7 @@ class SeD(CallsMixin):
                  result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES,
                  execution: ExecutionBackend | None = None, security: Security | None = None,
                  parent_key: bytes | list | None = None, orphan_call_timeout: float = 30.0,
-                 data: "DataConfig | None" = None) -> None:
+                 data: "DataConfig | None" = None, access: AccessRules | None = None) -> None:
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be >= 1")
         if replicas < 1:
@@ -141,6 +142,8 @@ class SeD(CallsMixin):
         self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0, "orphans_killed": 0,
                       "orphans_finished": 0}
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
+        self.access = access or OPEN    # who may call what, calls in flight per user (sed/access.py)
+        self._in_flight: dict[str, int] = {}
         self.uplink: EventsUplink | None = None
         self.closed = asyncio.Event()
         self._closing = False

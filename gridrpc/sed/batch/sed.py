@@ -43,7 +43,9 @@ class BatchSeD(SeD):
                  hb_interval: float = 1.0, hb_timeout: float = 3.0, orphan_timeout: float | None = None,
                  seed: int | None = None, max_message_size: int | None = None, queue: str = "fcfs",
                  queue_options: dict | None = None,
-                 result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES) -> None:
+                 result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES, **common) -> None:
+        """``common``: the plain SeD's keywords that apply to every back-end
+        (``security``, ``parent_key``, ``access``, ``orphan_call_timeout``)."""
         config = config or BatchConfig()
         if backend is None:
             from . import make_backend
@@ -53,7 +55,7 @@ class BatchSeD(SeD):
                          replicas=1, hb_interval=hb_interval, hb_timeout=hb_timeout,
                          orphan_timeout=orphan_timeout, seed=seed, queue_options=queue_options,
                          result_cache_bytes=result_cache_bytes, execution=BatchJobs(name, config, backend),
-                         **extra)
+                         **extra, **common)
 
     # the batch back-end's settings and state, as attributes of the SeD
     @property

@@ -29,12 +29,12 @@ class CloudSeD(SeD):
                  hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  orphan_timeout: float | None = None, seed: int | None = None,
                  max_message_size: int | None = None, ack_timeout: float = 10.0,
-                 result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES) -> None:
+                 result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES, **common) -> None:
         extra = {} if max_message_size is None else {"max_message_size": max_message_size}
         super().__init__(name, parent, address=address, max_concurrent=config.capacity, queue="fcfs",
                          replicas=1, hb_interval=hb_interval, hb_timeout=hb_timeout,
                          orphan_timeout=orphan_timeout, seed=seed, result_cache_bytes=result_cache_bytes,
-                         execution=CloudVMs(name, config, provider, ack_timeout=ack_timeout), **extra)
+                         execution=CloudVMs(name, config, provider, ack_timeout=ack_timeout), **extra, **common)
         for spec in config.services:
             self.add_image_service(spec)
 

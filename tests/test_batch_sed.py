@@ -357,3 +357,49 @@ def test_deployment_file_with_a_batch_sed(cluster, tmp_path):
             assert "TimeLimit=00:03:00" in show and "Comment=deployed" in show
         finally:
             dep.down(quiet=True)
+
+
+def test_a_batch_sed_in_a_secure_tree(cluster, tmp_path):
+    """CURVE on every link: the MA, the batch SeD under it (element keys), a
+    user's client pinning only the MA's key; the job runs on Slurm and the
+    SeD accounts it to the key's user."""
+    from gridrpc.transport.security import KeyStore, Security
+    keys = KeyStore(tmp_path / "keys")
+    for n in ("MA", "bsed-secure"):
+        keys.create(n, "element")
+    keys.create("alice", "user")
+    lt = LoopThread()
+    ma = lt.run(MasterAgent(name="MA", address="tcp://127.0.0.1:0", hb_interval=0.5, hb_timeout=1.5,
+                            security=Security(keys=keys, name="MA")).start())
+    try:
+        config = parse_batch_config({"shared_dir": str(tmp_path / "shared"), "env": cluster.env,
+                                     "poll_interval": 0.25, "estimate_interval": 1.0, "time_limit": 600})
+        sed = BatchSeD("bsed-secure", ma.address, config=config, hb_interval=0.5, hb_timeout=1.5,
+                       security=Security(keys=keys, name="bsed-secure"), parent_key=keys.public("MA", "element"))
+        sed.add_service("add", SERVICES["add"])
+        lt.run(sed.start())
+        sed.test_loop = lt
+        try:
+            with client(ma=ma.address, keys=str(keys.dir), user="alice") as c:
+                wait_until(lambda: _discovers(c), 30, "the batch SeD registered over CURVE")
+                call = c.submit("add", 20, 22)
+                assert call.result(120) == 42 and call.server == "bsed-secure"
+                # the job ran for the key's user (the SeD's events, as the MA received them)
+                story = lambda: lt.call(lambda: [e for _, e in ma.events.log.story(call.id)])  # noqa: E731
+                wait_until(lambda: any(e.kind.value == "call_finished" for e in story()), 10, "events at the MA")
+                assert {e.user for e in story() if e.kind.value.startswith("call_")} == {"alice"}
+            with client(ma=ma.address) as plain:                  # no keys: nothing answers
+                with pytest.raises(gridrpc.CommunicationError):
+                    plain.discover("add", 1)
+        finally:
+            lt.run(sed.aclose(), timeout=60)
+    finally:
+        lt.run(ma.aclose())
+        lt.close()
+
+
+def _discovers(c) -> bool:
+    try:
+        return bool(c.discover("add", 1))
+    except gridrpc.GridRPCError:
+        return False

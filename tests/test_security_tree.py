@@ -162,3 +162,22 @@ def test_authorization_and_per_user_limits(tmp_path):
             for c in calls:
                 c.cancel()
             wait_for(lambda: a.call("add", 2, 2) == 4, 10, "slots free again")
+
+
+def test_optional_computations_over_curve(tmp_path):
+    """The fair optional-computation scheduler behind CURVE: users are keys."""
+    keys = str(tmp_path / "k")
+    with LocalTree(las=1, seds_per_la=2, keys=keys, users=["alice"], http=False,
+                   sed_options={"queue": "ethic"}) as t:
+        with gridrpc.Client(t.ma_address, keys=keys, user="alice") as c:
+            out = c.run_optional("add", mandatory=[(1, 1), (2, 2)], optional=((i, i) for i in range(200)),
+                                 deadline=2.0)
+            assert out.mandatory == [2, 4]
+            assert len(out.optional) > 0            # optional calls ran in the time left
+        wait_for(lambda: _story_users(t), 10, "events at the MA")
+        assert _story_users(t) == {"alice"}
+
+
+def _story_users(t) -> set:
+    return t.lt.call(lambda: {e.user for _, e in t.ma.events.log.latest(500)
+                              if e.kind.value.startswith("call_") and e.user})

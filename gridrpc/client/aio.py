@@ -7,15 +7,15 @@ SeD, ACCEPTED within ``ack_timeout`` (else the next candidate), pings every
 ``ping_interval`` while it runs, failover or
 :class:`~gridrpc.errors.CommunicationError` when a SeD stops answering for
 ``ping_timeout`` (or the ``patience`` it announced), CANCEL to every server
-given up on. This module owns the sockets and the MA requests; no protocol
-rule lives here.
+given up on. This module owns the calls and the SeD sockets, and
+:mod:`gridrpc.client.ma_requests` the requests to the master agents
+(discovery, catalogue, tree); no protocol rule lives here.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import getpass
-import logging
 import os
 from typing import Any
 
@@ -24,16 +24,14 @@ from ..core import messages as m
 from ..address import parse_addresses
 from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
 from ..core.messages import MsgType
-from ..errors import (ERROR_KINDS, CallCancelled, CommunicationError, GridRPCError, MessageTooLarge,
-                      NoServerAvailable, ProtocolError, ServiceNotFound, error_from_wire)
+from ..errors import ERROR_KINDS, CallCancelled, CommunicationError, GridRPCError, MessageTooLarge
 from ..files import FileSink, read_file
 from ..transport.channel import Channel, connect_dealer
 from .call import Call, ServerInfo
 from .driver import AsyncCallDriver, Flight, exception_for
 from .ids import new_id
+from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, option_view
-
-log = logging.getLogger(__name__)
 
 
 def default_user() -> str:
@@ -43,7 +41,7 @@ def default_user() -> str:
         return os.environ.get("USER", "anonymous")
 
 
-class AsyncClient:
+class AsyncClient(MasterAgentRequests):
     """``async with gridrpc.AsyncClient(ma, user="alice") as client: await client.call(...)``.
 
     Keyword options: the fields of :class:`~gridrpc.client.options.ClientOptions`
@@ -128,131 +126,6 @@ class AsyncClient:
             ch.close()
         for ch in self._seds.values():
             ch.close()
-
-    # -- MA requests ------------------------------------------------------
-    def _on_ma(self, index: int, frames: list) -> None:
-        try:
-            mt, h = m.parse_header(frames[0].bytes)
-        except ProtocolError as exc:
-            log.warning("bad message from the MA: %s", exc)
-            return
-        fut = self._pending.get(h["id"])
-        if fut is None or fut.done():
-            return
-        if (mt is MsgType.ERROR and h["error"].get("kind") == "rebuilding" and len(self._mas) > 1
-                and index == self._ma_current):
-            self._ma_current = (index + 1) % len(self._mas)     # prefer an MA whose tree is complete
-        elif mt is not MsgType.ERROR or h["error"].get("kind") != "rebuilding":
-            self._ma_current = index
-        del self._pending[h["id"]]
-        fut.set_result((mt, h))
-
-    #: with several master agents, a request unanswered this long is also sent to the next one
-    MA_HEDGE_S = 0.4
-
-    async def _ma_request(self, header: dict, timeout: float) -> tuple[MsgType, dict]:
-        """Send to the preferred master agent; with several, an MA that cannot
-        be sent to, or is silent for ``MA_HEDGE_S``, is skipped: the request
-        goes to the next one too and the first answer wins."""
-        if not self._mas:
-            raise ServiceNotFound("this client has no master agent: bind handles to servers by address")
-        fut = self.loop.create_future()
-        self._pending[header["id"]] = fut
-        frames = [m.dumps(header)]
-        n = len(self._mas)
-        end = self.loop.time() + timeout
-        try:
-            for k in range(n):
-                ch = self._mas[(self._ma_current + k) % n]
-                try:
-                    ch.send(frames)
-                except CommunicationError:
-                    continue
-                left = end - self.loop.time()
-                wait = left if k == n - 1 else min(left, self.MA_HEDGE_S)
-                if wait <= 0:
-                    break
-                done, _ = await asyncio.wait([fut], timeout=wait)
-                if done:
-                    return fut.result()
-            left = end - self.loop.time()
-            if left > 0:
-                return await asyncio.wait_for(asyncio.shield(fut), left)
-            raise asyncio.TimeoutError
-        except asyncio.TimeoutError:
-            raise CommunicationError(f"the master agent{'s' if n > 1 else ''} at "
-                                     f"{', '.join(self.master_agents)} did not answer within {timeout}s") from None
-        finally:
-            self._pending.pop(header["id"], None)
-
-    async def discover(self, service: str, max_servers: int = 10, *, aggregator: Any = None,
-                       args: tuple = (), optional: bool = False,
-                       max_age: float | None = None) -> list[ServerInfo]:
-        """Ranked servers (best first) offering ``service``: min(max_servers, available).
-        ``max_age``: seconds the MA's pushed view may be old to answer from
-        it (0: always ask the servers, a fan-out); None: the MA's default."""
-        o = self.options
-        h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(max_servers), user=self.user,
-                   aggregator=aggregator if aggregator is not None else o.aggregator,
-                   budget_ms=o.budget * 1000, optional=bool(optional),
-                   args=[codec.light_description(a) for a in args])
-        if max_age is not None:
-            h["max_age_ms"] = max(0.0, float(max_age)) * 1000.0
-        mt, r = await self._ma_request(h, o.discovery_timeout)
-        if mt is MsgType.ERROR:
-            raise error_from_wire(r["error"])
-        entries = [s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
-        servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
-                              idempotent=s.get("idempotent") is not False)
-                   for s in entries]
-        for s in entries:
-            self._server_addresses[s["name"]] = s["address"]
-            self._learn_key(s["address"], s.get("public_key"))
-        return servers
-
-    async def tree(self) -> list[dict]:
-        """Every element of the tree as the MA sees it (like GET /api/tree)."""
-        mt, r = await self._ma_request(m.make(MsgType.SERVICES, new_id(), tree=True), self.discovery_timeout)
-        if mt is MsgType.ERROR:
-            raise error_from_wire(r["error"])
-        return r.get("elements") or []
-
-    async def services(self) -> dict[str, dict]:
-        """The catalogue: service -> {doc, params, servers}."""
-        mt, r = await self._ma_request(m.make(MsgType.SERVICES, new_id()), self.discovery_timeout)
-        if mt is MsgType.ERROR:
-            raise error_from_wire(r["error"])
-        self._server_addresses.update({k: v for k, v in (r.get("servers") or {}).items() if v})
-        for name, key in (r.get("keys") or {}).items():
-            self._learn_key(self._server_addresses.get(name), key)
-        return r["services"]
-
-    async def dealer_options(self, address: str) -> dict | None:
-        """Socket options for a connection to the SeD at ``address`` (CURVE:
-        its public key, asked from the MA's catalogue if not known yet)."""
-        if self._security is None:
-            return None
-        if address not in self._server_keys:
-            await self.services()
-        key = self._server_keys.get(address)
-        if key is None:
-            raise CommunicationError(f"security is on and the MA knows no public key for the server at {address}")
-        return self._security.client_options(key)
-
-    def _learn_key(self, address: str | None, key) -> None:
-        if address and isinstance(key, str) and len(key) == 40:
-            self._server_keys[address] = key.encode("ascii")
-
-    async def resolve(self, server: str) -> ServerInfo:
-        """A SeD by name (or ``tcp://host:port#name`` / ``tcp://host:port``)."""
-        if "://" in server:
-            addr, _, name = server.partition("#")
-            return ServerInfo(name=name or "", address=addr)
-        if server not in self._server_addresses:
-            await self.services()
-        if server not in self._server_addresses:
-            raise NoServerAvailable(f"no server named {server!r} in the tree")
-        return ServerInfo(name=server, address=self._server_addresses[server])
 
     # -- calls ------------------------------------------------------------
     async def call(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
@@ -455,6 +328,8 @@ def _kind_of(exc: GridRPCError) -> str:
         if type(exc) is cls:
             return kind
     return "remote"
+
+
 def _data():
     from . import data
     return data

@@ -69,13 +69,20 @@ candidates)::
 Errors are data (:class:`CallError`: a wire error kind and a message); the
 drivers turn them into :mod:`gridrpc.errors` exceptions with
 ``error_from_wire(err.to_wire(), server=err.server)``.
+
+Layout: the events, actions, :class:`CallPolicy` and :class:`CallError` are in
+:mod:`gridrpc.core.call_types`, the discovery and retry transitions in
+:mod:`gridrpc.core.call_retry`; every name is importable from here.
 """
 from __future__ import annotations
 
-import enum
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
+
+from .call_retry import TRANSIENT_KINDS, Rediscovery
+from .call_types import (Abort, Accepted, CallError, CallPolicy, CallSent, Cancel, CancelAck, Discover, Discovered,
+                         DiscoveryFailed, Done, Error, Fail, FailOver, Malformed, Phase, Pong, Result, SendCall,
+                         SendCancel, SendFailed, SendPing, Start, Target, Tick)
 
 __all__ = [
     "Phase", "CallPolicy", "CallError", "CallMachine", "Target",
@@ -88,225 +95,14 @@ __all__ = [
 ]
 
 
-class Phase(str, enum.Enum):
-    NEW = "new"
-    WAITING = "waiting"          # CALL sent, no ACCEPTED yet
-    RUNNING = "running"          # accepted: pings until the answer
-    CANCELLING = "cancelling"    # CANCEL sent for the user: waiting for the server's word
-    DISCOVERING = "discovering"  # asking the agents for candidates
-    BACKOFF = "backoff"          # a transient failure: waiting to discover again
-    DONE = "done"
-    FAILED = "failed"
-
-
 _LIVE = (Phase.WAITING, Phase.RUNNING)
 _FAILOVER_WHILE_WAITING = frozenset({"no_server", "service_not_found", "communication"})
-#: discovery failures worth retrying: nothing is known to be wrong with the request
-TRANSIENT_KINDS = frozenset({"rebuilding", "communication", "no_server", "timeout"})
 _NOT_STARTED = frozenset({"queued"})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallPolicy:
-    """The protocol's knobs (seconds). ``failover``: try the next candidate
-    when a server fails; ``max_patience`` bounds the ``patience`` a server may
-    ask for."""
-    ack_timeout: float = 5.0
-    ping_interval: float = 1.0
-    ping_timeout: float = 4.0
-    failover: bool = True
-    max_patience: float = 3600.0
-    retry_timeout: float = 10.0      # retry window of transient failures when the call has no deadline
-    backoff_initial: float = 0.05
-    backoff_max: float = 1.0
-
-
-class Target(Protocol):
-    """A candidate server (``gridrpc.ServerInfo`` is one)."""
-    name: str
-    address: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallError:
-    """Why a call failed. ``kind`` is a wire error kind (``gridrpc.errors.
-    ERROR_KINDS``); ``wire`` is the server's own error dict when the server
-    answered ERROR (then ``reply`` is that answer as the driver received it);
-    ``timing`` the server's timing of the call, if it sent one."""
-    kind: str
-    message: str
-    server: str | None = None
-    wire: dict | None = None
-    timing: dict = field(default_factory=dict)
-    reply: Any = None
-    call_id: str | None = None
-
-    @property
-    def from_server(self) -> bool:
-        return self.wire is not None
-
-    def to_wire(self) -> dict:
-        if self.wire is not None:
-            return self.wire
-        w = {"kind": self.kind, "message": self.message}
-        if self.call_id is not None:
-            w["call_id"] = self.call_id
-        return w
-
-
-# -- events (in) ------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """Begin: the CALL goes to the first candidate."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallSent:
-    """Optional: the CALL actually left now (drivers whose sends are queued);
-    the ack timeout counts from here."""
-
-
-@dataclass(frozen=True, slots=True)
-class SendFailed:
-    """The CALL could not be sent to the current server."""
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    id: str
-    patience: Any = None         # as received: validated here
-    idempotent: Any = None       # as received: False only for a service declared non-idempotent
-    state: Any = None            # as received: "queued" | "running" (None: not said)
-
-
-@dataclass(frozen=True, slots=True)
-class Discovered:
-    """The agents answered: ranked candidates (objects with ``name``,
-    ``address`` and optionally ``idempotent``)."""
-    servers: Sequence[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveryFailed:
-    """The discovery failed: ``kind`` a wire error kind (``communication``
-    when no master agent answered)."""
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    id: str
-    state: str                   # queued | running | done | unknown | ...
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    id: str
-    value: Any                   # decoded by the driver (or the raw reply, for a relay)
-    timing: dict | None = None
-    server: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    id: str
-    error: dict                  # the wire error {kind, type, message, traceback}
-    timing: dict | None = None
-    server: str | None = None
-    reply: Any = None            # the answer as received (relays forward it)
-
-
-@dataclass(frozen=True, slots=True)
-class Malformed:
-    """The current server sent something unusable (a header that does not
-    parse, a result that does not decode). ``id`` None: unattributable, it
-    concerns every call waiting on that server."""
-    reason: str
-    id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CancelAck:
-    id: str
-    state: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Time passed (drivers tick at :meth:`CallMachine.next_wakeup`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """The user cancels the call."""
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    """The driver stops (client closed, VM gone): fail with this error."""
-    kind: str
-    message: str
-
-
-# -- actions (out) ----------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Discover:
-    """Ask the agents for candidates (``attempt`` counts from 1); answer
-    with :class:`Discovered` or :class:`DiscoveryFailed`. ``timeout``: what
-    is left of the call's time, s (None: no bound)."""
-    attempt: int
-    timeout: float | None = None
-
-@dataclass(frozen=True, slots=True)
-class SendCall:
-    id: str
-    server: str
-    address: str
-
-
-@dataclass(frozen=True, slots=True)
-class SendPing:
-    id: str
-    server: str
-    address: str
-
-
-@dataclass(frozen=True, slots=True)
-class SendCancel:
-    id: str
-    server: str
-    address: str
-
-
-@dataclass(frozen=True, slots=True)
-class FailOver:
-    """The current attempt ``id`` is given up; a :class:`SendCall` to
-    ``next_server`` follows."""
-    id: str
-    server: str
-    reason: str
-    next_server: str
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    value: Any
-    server: str
-    timing: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Fail:
-    error: CallError
 
 
 # -- the machine ------------------------------------------------------------------------------
 
-class CallMachine:
+class CallMachine(Rediscovery):
     """One call. ``candidates``: ranked servers (objects with ``name`` and
     ``address``); ``deadline``: absolute time on the driver's clock, or None;
     ``new_id()``: a fresh request id per attempt; ``noun``: what the servers
@@ -523,55 +319,7 @@ class CallMachine:
         out = [SendCancel(self.id, self.server, self.address)] if self.phase in _LIVE else []
         return out + self._fail(CallError(kind=ev.kind, message=ev.message, server=self.server or None))
 
-    def _discovered(self, ev: Discovered, now: float) -> list:
-        if self.phase is not Phase.DISCOVERING:
-            return []
-        servers = [s for s in ev.servers if s.name not in self.excluded] or list(ev.servers)
-        if not servers:
-            return self._retry_or_fail(now, CallError(kind="no_server",
-                                                      message=f"no server available for {self.service!r}"))
-        self.candidates = tuple(servers) if self.policy.failover else tuple(servers)[:1]
-        return self._send_to(0, now)
-
-    def _discovery_failed(self, ev: DiscoveryFailed, now: float) -> list:
-        if self.phase is not Phase.DISCOVERING:
-            return []
-        err = CallError(kind=ev.kind, message=ev.message)
-        if ev.kind not in TRANSIENT_KINDS:
-            return self._fail(err)
-        return self._retry_or_fail(now, err)
-
     # -- helpers ---------------------------------------------------------------------------
-    def _discover_now(self, now: float) -> list:
-        self.phase = Phase.DISCOVERING
-        self.discoveries += 1
-        left = None if self.deadline is None else max(0.0, self.deadline - now)
-        return [Discover(self.discoveries, left)]
-
-    def _retry_or_fail(self, now: float, err: CallError) -> list:
-        """A transient failure: discover again after the backoff if time is
-        left, else fail with ``err``."""
-        self.last_error = err
-        pol = self.policy
-        delay = min(pol.backoff_max, pol.backoff_initial * (2 ** max(0, self.discoveries - 1)))
-        if not self.discover or now + delay >= self.retry_until:
-            if self.deadline is not None and now + delay >= self.deadline:
-                return self._fail(self._retry_timeout_error())
-            return self._fail(err)
-        self.phase = Phase.BACKOFF
-        self.retry_at = now + delay
-        return []
-
-    def _retry_timeout_error(self) -> CallError:
-        if self.last_error is not None:
-            last = f": {self.last_error.message}"
-        elif self.phase is Phase.DISCOVERING:
-            last = ": the master agent did not answer the discovery in time"
-        else:
-            last = ""
-        return CallError(kind="timeout", message=f"call to {self.service} timed out after "
-                                                 f"{self.discoveries} discovery attempt(s){last}")
-
     def _may_have_started(self) -> bool:
         """Whether the call may have started on the current server: known
         running, or the CALL went out and the state is unknown."""

@@ -1,0 +1,217 @@
+"""The daemon commands: ``gridrpc ma``, ``gridrpc la``, ``gridrpc sed``
+(plain, batch or cloud): their arguments, and running one until it is
+stopped. The security and access options are in
+:mod:`gridrpc.cli.security`."""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import sys
+
+from .security import _access_rules, _security_kwargs, add_access_arguments, add_daemon_security_arguments
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _log_level(text: str) -> str:
+    level = str(text).strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level; use one of {', '.join(LOG_LEVELS)} "
+                                         "(any case)")
+    return level
+
+
+def _element_name(text: str) -> str:
+    from ..core.messages import valid_name
+    if not valid_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a letter or digit, then up to 63 letters, digits, '_', '.', '-' "
+            "(names end up in URLs, HTML and metrics)")
+    return text
+
+
+def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--name", type=_element_name, required=default_port != 5555,
+                   default="MA" if default_port == 5555 else None,
+                   help="element name, unique in the tree (letters, digits, '_', '.', '-')")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=default_port, help=f"port to bind (0 = any free; default {default_port})")
+    p.add_argument("--hb-interval", type=float, default=1.0, help="heartbeat interval, s (default 1)")
+    p.add_argument("--hb-timeout", type=float, default=3.0,
+                   help="a peer silent this long is lost, s (default 3)")
+    p.add_argument("--ready-file", help="write {name, address, pid} as JSON here once serving")
+    p.add_argument("--log-level", type=_log_level, default=os.environ.get("GRIDRPC_LOG", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR, any case (default INFO, or $GRIDRPC_LOG)")
+    add_daemon_security_arguments(p)
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE:CLASS",
+                   help="register an aggregator class (repeatable); requests may then name it")
+
+
+def _child_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parent", help="parent agent address: host:port, tcp://host:port or ipc://path; "
+                                    "several comma-separated (attached to each: several master agents)")
+    p.add_argument("--orphan-timeout", type=float, default=None,
+                   help="exit when the parent stays gone this long and nothing runs (s)")
+
+
+def add_daemon_parsers(sub) -> None:
+    """``gridrpc ma``, ``gridrpc la``, ``gridrpc sed``."""
+    p = sub.add_parser("ma", help="run a Master Agent (root of the tree)")
+    _common_daemon(p, 5555)
+    p.add_argument("--http-port", type=int, default=None, help="serve the HTTP status API on this port")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="address of the HTTP API (default 127.0.0.1; anything else needs --http-token-file)")
+    p.add_argument("--http-token-file", metavar="FILE",
+                   help="the HTTP API requires this token (Authorization: Bearer TOKEN, or ?token= once)")
+    p.add_argument("--events-file", metavar="FILE", help="also write the tree's events here (JSON lines)")
+    p.add_argument("--rebuild-time", type=float, default=None,
+                   help="after start, answer 'rebuilding' (clients retry) instead of 'service not found' "
+                        "for this long, s (default hb-timeout + hb-interval)")
+    p.add_argument("--peer", action="append", default=[], metavar="ADDR",
+                   help="a federated master agent of another tree (repeatable): discoveries for services "
+                        "this tree lacks are forwarded there")
+
+    p = sub.add_parser("la", help="run a Local Agent")
+    _common_daemon(p, 0)
+    _child_opts(p)
+
+    p = sub.add_parser("sed", help="run a SeD (server daemon) offering services")
+    _common_daemon(p, 0)
+    _child_opts(p)
+    p.add_argument("--service", action="append", default=[], metavar="[NAME=]MODULE:FUNC[,OPTION=VALUE]",
+                   help="a service to offer (repeatable), e.g. gridrpc.examples.services:add; options: "
+                        "idempotent=false (never re-run after its server died mid-call), "
+                        "on_orphan=kill|finish|auto (a call whose client is gone)")
+    p.add_argument("--examples", action="store_true", help="offer every example service")
+    p.add_argument("--max-concurrent", type=int, default=1, help="calls running at once per SeD (default 1)")
+    p.add_argument("--queue", default="fcfs", help="queue policy: fcfs (default) or ethic")
+    p.add_argument("--kill-grace", type=float, default=None,
+                   help="ethic queue: seconds a new mandatory call waits before preempting optional ones")
+    p.add_argument("--replicas", type=int, default=1, help="run N SeDs in this process (names NAME-1..N)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default replicas*max-concurrent)")
+    p.add_argument("--isolation", choices=["process", "inline"], default="process",
+                   help="process: each call in a killable worker process (default); inline: in the SeD")
+    p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024,
+                   help="largest call accepted, bytes (default 512 MiB)")
+    add_access_arguments(p)
+    p.add_argument("--result-cache-bytes", type=int, default=64 * 1024 * 1024,
+                   help="answers kept for repeated request ids, bytes (default 64 MiB)")
+    p.add_argument("--orphan-call-timeout", type=float, default=30.0,
+                   help="a call whose client sent nothing (no ping) for this long is orphaned: killed or "
+                        "left to finish per its service's on_orphan policy, s (default 30)")
+    from ..sed.cloud.cli import add_cloud_arguments
+    add_cloud_arguments(p)
+    from ..sed.batch.cli import add_batch_arguments
+    add_batch_arguments(p)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _ready_writer(path: str | None):
+    def ready(d):
+        info = {"name": d.name, "address": d.address, "pid": os.getpid()}
+        http = getattr(d, "http", None)
+        if http is not None:
+            info["http"] = http.url
+        print(f"READY {json.dumps(info)}", flush=True)
+        if path:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump(info, fh)
+            os.replace(tmp, path)
+    return ready
+
+
+def cmd_daemon(a: argparse.Namespace) -> int:
+    from .._run import run_daemon
+    from ..errors import ConfigError, GridRPCError
+    _setup_logging(a.log_level)
+    address = f"tcp://{a.host}:{a.port}"
+    hb = dict(hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
+    try:
+        from ..address import parse_addresses
+        parent = (",".join(parse_addresses(a.parent, what="--parent")) if getattr(a, "parent", None) else None)
+        from ..plugins import load_aggregator_plugins
+        load_aggregator_plugins(a.plugin)
+        hb.update(_security_kwargs(a, parent))
+        if a.cmd == "ma":
+            from ..master_agent import MasterAgent
+            peers = [p for text in a.peer for p in parse_addresses(text, what="--peer")]
+            token = None
+            if a.http_token_file:
+                try:
+                    token = open(a.http_token_file).read().strip()
+                except OSError as exc:
+                    raise ConfigError(f"cannot read --http-token-file {a.http_token_file}: {exc}") from None
+                if len(token) < 16:
+                    raise ConfigError(f"the HTTP token in {a.http_token_file} is too short (16 characters at least)")
+            d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host,
+                            http_token=token, events_file=a.events_file,
+                            rebuild_time=a.rebuild_time, peers=peers, **hb)
+        elif a.cmd == "la":
+            if not parent:
+                print("gridrpc la: error: --parent is required", file=sys.stderr)
+                return 2
+            from ..local_agent import LocalAgent
+            d = LocalAgent(name=a.name, parent=parent, address=address, orphan_timeout=a.orphan_timeout, **hb)
+        else:
+            a.parent = parent
+            hb["access"] = _access_rules(a)
+            if getattr(a, "batch", None):
+                from ..sed.batch.cli import make_batch_sed
+                d = make_batch_sed(a, address, hb)
+            elif getattr(a, "cloud_config", None) or getattr(a, "cloud", None):
+                from ..sed.cloud.cli import make_cloud_sed
+                d = make_cloud_sed(a, address, hb)
+            else:
+                d = _plain_sed(a, address, hb)
+                if d is None:
+                    return 2
+        run_daemon(d, ready=_ready_writer(a.ready_file))
+    except GridRPCError as exc:
+        print(f"gridrpc {a.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:          # e.g. the MA's HTTP port (aiohttp) is taken
+        print(f"gridrpc {a.cmd}: error: {_os_error_text(a, exc)}", file=sys.stderr)
+        return 2
+
+
+def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
+    from ..sed import SeD
+    opts = {}
+    if a.kill_grace is not None:
+        opts["kill_grace"] = a.kill_grace
+    d = SeD(a.name, a.parent, address=address, max_concurrent=a.max_concurrent, queue=a.queue,
+            replicas=a.replicas, workers=a.workers, isolation=a.isolation,
+            max_message_size=a.max_message_size, orphan_timeout=a.orphan_timeout,
+            result_cache_bytes=a.result_cache_bytes, orphan_call_timeout=a.orphan_call_timeout,
+            queue_options=opts, **hb)
+    specs = list(a.service)
+    if a.examples:
+        from ..examples.services import ALL
+        specs += [f"gridrpc.examples.services:{s}" for s in ALL]
+    if not specs:
+        print("gridrpc sed: error: give at least one --service MODULE:FUNC (or --examples)", file=sys.stderr)
+        return None
+    from ..sed.services import split_spec_options
+    for spec in specs:
+        spec, options = split_spec_options(spec)     # [NAME=]MODULE:FUNC[,idempotent=false][,on_orphan=kill]
+        name, _, target = spec.rpartition("=")
+        d.add_service(name or target.rsplit(":", 1)[-1], target, **options)
+    return d
+
+
+def _os_error_text(a: argparse.Namespace, exc: OSError) -> str:
+    """One line for a start-up OSError: which port, what to do."""
+    if exc.errno == errno.EADDRINUSE and a.cmd == "ma" and a.http_port is not None:
+        return (f"cannot serve HTTP on {a.http_host}:{a.http_port}: address already in use "
+                "(another MA or program has it; choose another --http-port)")
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.EACCES) and a.cmd == "ma" and a.http_port is not None:
+        return f"cannot serve HTTP on {a.http_host}:{a.http_port}: {os.strerror(exc.errno).lower()}"
+    return str(exc)

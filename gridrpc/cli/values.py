@@ -1,0 +1,90 @@
+"""Values as the ``gridrpc`` client commands print them: for people
+(:func:`format_value`) and for programs (:func:`to_json`, ``gridrpc call
+--json``)."""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+
+
+def format_value(value) -> str:
+    """A result as people read it: strings as they are, numbers as Python
+    prints them, numpy arrays as numpy prints them (``[0.5 0.5]``),
+    containers as JSON (arrays inside as lists), bytes as ``b'...'``."""
+    import numpy as np
+    if isinstance(value, str):
+        return value
+    if isinstance(value, np.ndarray):
+        return str(value.item()) if value.ndim == 0 else np.array2string(value, separator=" ")
+    if isinstance(value, np.generic):
+        return format_value(value.item())
+    if value is None or isinstance(value, (bool, int, float, complex, bytes, bytearray)):
+        return repr(value) if not isinstance(value, bytearray) else repr(bytes(value))
+    if isinstance(value, (list, tuple, dict)):
+        try:
+            return json.dumps(value, default=_human_default, ensure_ascii=False)
+        except (TypeError, ValueError):
+            pass
+    import pprint
+    return pprint.pformat(value)
+
+
+def _human_default(v):
+    import numpy as np
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (bytes, bytearray)):
+        return repr(bytes(v))
+    if isinstance(v, complex):
+        return str(v)
+    if hasattr(v, "__fspath__"):
+        return os.fspath(v)
+    raise TypeError(type(v).__name__)
+
+
+def _jsonable(v):
+    """Strict JSON for any value a service may return (see ``to_json``)."""
+    import numpy as np
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        if math.isfinite(v):
+            return v
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, complex):
+        return {"real": _jsonable(v.real), "imag": _jsonable(v.imag)}
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
+    if isinstance(v, np.ndarray):
+        return _jsonable(v.tolist())
+    if isinstance(v, np.generic):
+        return _jsonable(v.item())
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "__fspath__"):
+        return os.fspath(v)
+    return str(v)
+
+
+def to_json(value) -> str:
+    """A result as strict JSON, for programs (``gridrpc call --json``):
+    numpy arrays and tuples as (nested) lists, numpy scalars as numbers,
+    bytes as ``{"base64": "..."}``, complex as ``{"real": x, "imag": y}``,
+    non-finite floats as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` (as in protobuf's JSON mapping), files as their path."""
+    return json.dumps(_jsonable(value), allow_nan=False, ensure_ascii=False)
+
+
+def _num(v) -> str:
+    """Numbers in tables: 4 significant digits (``0.427``, ``1.235e+04``)."""
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

@@ -1,0 +1,108 @@
+"""What an agent shows of itself (:mod:`gridrpc.core.agent`): the catalogue
+(SERVICES requests), the flattened subtree sent to its parent and shown by
+``/api/tree``, and its statistics.
+
+:class:`Catalogue` holds those methods; :class:`~gridrpc.core.agent.
+AgentState` inherits them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import messages as m
+from .agent_events import Send
+from .messages import MsgType
+
+__all__ = ["AgentStatistics", "Catalogue"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatistics:
+    name: str
+    kind: str
+    children: int
+    pending_discoveries: int
+    discoveries: int                # DISCOVER requests handled (from clients or the parent)
+    discoveries_timed_out: int      # answered at the deadline, some children silent
+    discoveries_refused: int        # over the per-connection limit of discoveries in flight
+    bad_messages: int               # refused at the boundary
+    answers_ignored: int            # late, duplicate or stranger SERVERS
+    children_lost: int
+    view_answers: int = 0           # discoveries answered from the pushed view (no fan-out)
+    view_snapshots: int = 0         # SeD snapshots in the view
+    view_updates: int = 0           # snapshots received
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+@dataclass(slots=True)
+class _Counters:
+    discoveries: int = 0
+    discoveries_timed_out: int = 0
+    discoveries_refused: int = 0
+    bad_messages: int = 0
+    answers_ignored: int = 0
+    children_lost: int = 0
+    view_answers: int = 0
+
+
+class Catalogue:
+    """The catalogue, tree and statistics output of :class:`~gridrpc.core.agent.AgentState`."""
+
+    def _on_services(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        elements = self.elements(now)
+        servers = {e["name"]: e.get("address") for e in elements if e.get("kind") == "sed"}
+        extra = {"elements": self.tree(now)} if h.get("tree") else {}
+        keys = {e["name"]: e["public_key"] for e in elements if e.get("kind") == "sed" and e.get("public_key")}
+        if keys:
+            extra["keys"] = keys
+        if self.role.root and self.rebuilding(now):
+            extra["rebuilding"] = True
+        return [Send(peer, m.make(MsgType.CATALOGUE, h["id"], services=self.registry.catalogue(),
+                                  servers=servers, **extra))]
+
+    def _on_ping(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        return [Send(peer, m.make(MsgType.PONG, h["id"], name=self.name))]
+
+    def service_list(self) -> list[dict]:
+        """The services of the subtree, as sent to the parent."""
+        return [{"name": s, **meta} for s, meta in self.registry.services().items()]
+
+    def elements(self, now: float, wall: float | None = None) -> list[dict]:
+        """The subtree, flattened (children, then their descendants), each
+        with ``last_heartbeat`` in wall-clock time; a child silent for 2.5
+        heartbeat periods shows ``lost`` until it is dropped."""
+        offset = self.wall_offset if wall is None else wall - now
+        out = []
+        for e in self.registry.elements(now, lost_after=self._lost_after):
+            if "last_seen" in e:
+                e = dict(e)
+                e["last_heartbeat"] = e.pop("last_seen") + offset
+            out.append(e)
+        return out
+
+    def tree(self, now: float, wall: float | None = None, load: dict | None = None) -> list[dict]:
+        """This agent and its whole subtree, as ``/api/tree`` shows it."""
+        offset = self.wall_offset if wall is None else wall - now
+        me = {"name": self.name, "parent": None if self.role.root else self.config.parent,
+              **self.info, "services": [], "state": "alive", "last_heartbeat": now + offset,
+              "load": load if load is not None else self.statistics().as_dict()}
+        return [me] + [dict(e, state=e.get("state", "alive")) for e in self.elements(now, wall)]
+
+    def register_info(self, now: float, wall: float | None = None) -> dict:
+        """What the parent link sends in REGISTER."""
+        return {**self.info, "services": self.service_list(), "elements": self.elements(now, wall)}
+
+    def heartbeat_info(self, now: float, wall: float | None = None) -> dict:
+        return {"load": {"children": len(self.registry.children)}, "elements": self.elements(now, wall)}
+
+    def statistics(self) -> AgentStatistics:
+        c = self.counters
+        return AgentStatistics(
+            name=self.name, kind=self.role.kind, children=len(self.registry.children),
+            pending_discoveries=len(self.discoveries.pending), discoveries=c.discoveries,
+            discoveries_timed_out=c.discoveries_timed_out, discoveries_refused=c.discoveries_refused,
+            bad_messages=c.bad_messages,
+            answers_ignored=c.answers_ignored, children_lost=c.children_lost, view_answers=c.view_answers,
+            view_snapshots=len(self.view.seds), view_updates=self.view.updates)

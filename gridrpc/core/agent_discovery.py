@@ -1,0 +1,247 @@
+"""Discovery and the pushed view of the agent state machine
+(:mod:`gridrpc.core.agent`).
+
+A DISCOVER fans out to the children offering the service (SeD replicas of one
+process get one message naming them all) with a share of the asker's budget;
+the answers are aggregated in the :class:`~gridrpc.core.discovery.
+DiscoveryTable` and the best ``k`` go back. The root answers from the pushed
+view of its subtree (:mod:`gridrpc.core.view`) when it is fresh enough, and
+fans out otherwise.
+
+:class:`Discovering` holds those transitions; :class:`~gridrpc.core.agent.
+AgentState` inherits them and owns the state they use (``registry``,
+``discoveries``, ``view``, ``latency``, ``counters``, ``_inflight``,
+``_offers``, ``_seq``, ``_rebuild_until``).
+"""
+from __future__ import annotations
+
+import logging
+
+from . import messages as m
+from .agent_events import FromParent, Send, SendParent
+from .agent_roles import MIN_BUDGET_S, child_budget_ms, discovery_budget
+from .aggregators import make_aggregator
+from .discovery import Done
+from .fields import MAX_K
+from .messages import MsgType
+from .tree import ChildRegistry
+from .view import candidates, power_of_two
+
+__all__ = ["Discovering", "group_by_process"]
+
+log = logging.getLogger("gridrpc.core.agent")     # the agent's one logger
+
+
+def group_by_process(registry: ChildRegistry, names: list[str]) -> list[list[str]]:
+    """SeD replicas of one process (same address and pid) form one group:
+    one discovery message naming them all, one answer."""
+    groups: dict[tuple, list[str]] = {}
+    children = registry.children
+    for n in names:
+        info = children[n].info
+        key = (info.get("address"), info.get("pid")) if info.get("kind") == "sed" else (n,)
+        groups.setdefault(key, []).append(n)
+    return list(groups.values())
+
+
+class Discovering:
+    """The discovery and pushed-view transitions of :class:`~gridrpc.core.agent.AgentState`."""
+
+    # -- pushed state ----------------------------------------------------------------
+    def offers(self) -> tuple[dict, dict]:
+        """From the registry (never from a push): service -> {SeD name:
+        (address, child it is under)}, and SeD name -> that child."""
+        reg = self.registry
+        if self._offers is None or self._offers[0] != reg.version:
+            by_service: dict[str, dict] = {}
+            owner: dict[str, str] = {}
+            keys: dict[str, str] = {}
+            for c in reg.children.values():
+                if c.info.get("kind") == "sed":
+                    owner[c.name] = c.name
+                    if c.info.get("public_key"):
+                        keys[c.name] = c.info["public_key"]
+                    for svc in c.services:
+                        by_service.setdefault(svc, {})[c.name] = (c.info.get("address"), c.name)
+                for e in c.elements:
+                    if e.get("kind") == "sed" and isinstance(e.get("name"), str):
+                        owner[e["name"]] = c.name
+                        if isinstance(e.get("public_key"), str):
+                            keys[e["name"]] = e["public_key"]
+                        for svc in e.get("services") or ():
+                            by_service.setdefault(svc, {})[e["name"]] = (e.get("address"), c.name)
+            self._offers = (reg.version, by_service, owner, keys)
+        return self._offers[1], self._offers[2]
+
+    def public_keys(self) -> dict[str, str]:
+        """SeD name -> its CURVE public key (from the registry), for answers."""
+        self.offers()
+        return self._offers[3]
+
+    def _on_view(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        name = h["name"]
+        child = self.registry.children.get(name)
+        if child is None or child.route != peer:       # only a registered child, for its own subtree
+            self.counters.answers_ignored += 1
+            return []
+        self.view.update(name, h.get("entries") or (), h.get("gone") or (), now, self.offers()[1])
+        if h.get("fresh"):
+            self.view.refresh(name, h["fresh"], now)
+        return []
+
+    def _view_answer(self, h: dict, service: str, k: int, agg, now: float) -> dict | None:
+        max_age = h.get("max_age_ms")
+        max_age = self.config.view_max_age if max_age is None else max_age / 1000.0
+        if max_age <= 0 or k <= 0:
+            return None
+        if any(isinstance(a, dict) and a.get("type") == "ref" for a in h.get("args") or ()):
+            return None          # data references: each server's fetch_bytes depends on the request
+        expected = self.offers()[0].get(service)
+        if not expected:
+            return None
+        skip = self.latency.silent(now - self.config.silent_probe) if self.latency.missed else frozenset()
+        servers = candidates(self.view, expected, service, now, max_age, skip)
+        if not servers:
+            return None
+        servers = self.discoveries.with_recent_since(servers, now)
+        ranked = power_of_two(agg.rank(servers, self.discoveries.rng), k, self.discoveries.rng)
+        if ranked:
+            self.discoveries.remember_choice(ranked[0]["name"], now)
+        keys = self.public_keys()
+        if keys:                                  # under CURVE clients pin the SeD's key from the answer
+            ranked = [dict(s, public_key=keys[s["name"]]) if s["name"] in keys else s for s in ranked]
+        self.counters.view_answers += 1
+        return m.make(MsgType.SERVERS, h["id"], name=self.name, servers=ranked, answered=len(servers),
+                      timed_out=[], view=True)
+
+    # -- discovery -------------------------------------------------------------------
+    def _on_discover(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        n = self._inflight.get(peer, 0)
+        if n >= self.config.max_discoveries_per_peer:
+            self.counters.discoveries_refused += 1
+            return [Send(peer, m.error_header(
+                h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from this "
+                f"connection (limit max_discoveries_per_peer={self.config.max_discoveries_per_peer})"))]
+        return self._discover(h, ("peer", peer), now)
+
+    def _from_parent(self, ev: FromParent, now: float) -> list:
+        if ev.type is MsgType.DISCOVER:
+            return self._discover(ev.header, ("parent",), now)
+        if ev.type is MsgType.PING:
+            return [SendParent(m.make(MsgType.PONG, ev.header["id"], name=self.name))]
+        return []
+
+    def _discover(self, h: dict, reply_to: tuple, now: float) -> list:
+        self.counters.discoveries += 1
+        rid, service = h["id"], h["service"]
+        k = max(0, min(h["k"], MAX_K))
+        spec = h.get("aggregator")
+        if spec is None:            # the service's own default, else DIET's default
+            meta = self.registry.services().get(service)
+            if meta is not None:
+                spec = meta.get("aggregator")
+        try:
+            agg = make_aggregator(spec)
+        except ValueError as exc:
+            return [self._to(reply_to, m.error_header(rid, "invalid_argument", str(exc)))]
+        children = self.registry.offering(service)
+        if not children:
+            if self.role.root and self.rebuilding(now):
+                return [self._to(reply_to, m.error_header(
+                    rid, "rebuilding", f"master agent {self.name} started recently and is rebuilding its "
+                    f"tree: {service!r} may be offered once its children are back (retry)"))]
+            err = self.role.no_offer(rid, service)
+            if err is not None:
+                return [self._to(reply_to, err)]
+        if self.role.root and self.config.view and children:
+            header = self._view_answer(h, service, k, agg, now)
+            if header is not None:
+                return [self._to(reply_to, header)]
+        budget = discovery_budget(h.get("budget_ms"), self.config.discovery_budget)
+        budget = max(MIN_BUDGET_S, self.latency.deadline(children, budget))   # a silent child costs ms
+        self._seq += 1
+        fid = f"{self.name}:{self._seq}"
+        fwd = dict(h, id=fid, budget_ms=child_budget_ms(budget), k=k)
+        if spec is not None:
+            fwd["aggregator"] = spec
+        fwd.pop("names", None)      # ours to set, per process
+        out: list = []
+        registry_children = self.registry.children
+        for group in group_by_process(self.registry, children):
+            msg = dict(fwd, names=group) if len(group) > 1 else fwd
+            out.append(Send(registry_children[group[0]].route, msg, tuple(group)))
+        if reply_to[0] == "peer":
+            self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
+        done = self.discoveries.start(fid, (reply_to, rid, service, k), children, k, agg, now + budget, now)
+        if done is not None:
+            out.extend(self._finish(done, now))
+        return out
+
+    def _on_servers(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        name = h.get("name") or ""
+        child = self.registry.children.get(name)
+        if child is None or child.route != peer:        # only the asked child answers for itself
+            self.counters.answers_ignored += 1
+            return []
+        p = self.discoveries.pending.get(h["id"])
+        if p is not None:
+            names = h.get("names")
+            for n in (names if names else (name,)):
+                if n in p.waiting:
+                    self.latency.observe(n, now - p.started)
+        done = self.discoveries.answer(h["id"], name, h["servers"], now, h.get("names"))
+        if done is None:
+            if h["id"] not in self.discoveries.pending:
+                self.counters.answers_ignored += 1
+            return []
+        return self._finish(done, now)
+
+    def _on_error(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        """A child could not answer a discovery (e.g. an aggregator it does
+        not have): an empty answer, so the discovery need not wait for it."""
+        name = h.get("name") or ""
+        child = self.registry.children.get(name)
+        if child is None or child.route != peer or h["id"] not in self.discoveries.pending:
+            return []                                   # never answer an error with an error
+        log.info("%s: child %s could not answer discovery %s: %s", self.name, name, h["id"],
+                 h["error"].get("message", ""))
+        done = self.discoveries.answer(h["id"], name, [], now)
+        return self._finish(done, now) if done is not None else []
+
+    def _send_failed(self, send: Send, now: float) -> list:
+        if not send.children:
+            return []
+        done = self.discoveries.drop(send.header.get("id", ""), list(send.children), now)
+        return self._finish(done, now) if done is not None else []
+
+    def _finish(self, done: Done, now: float | None = None) -> list:
+        reply_to, rid, service, k = done.reply_to
+        if reply_to[0] == "peer":
+            left = self._inflight.get(reply_to[1], 0) - 1
+            if left > 0:
+                self._inflight[reply_to[1]] = left
+            else:
+                self._inflight.pop(reply_to[1], None)
+        if done.timed_out:
+            self.counters.discoveries_timed_out += 1
+            if now is not None:
+                for n in done.timed_out:
+                    self.latency.miss(n, now)
+            log.info("%s: discovery %s for %s: no answer in time from %s", self.name, rid, service,
+                     ", ".join(done.timed_out))
+        header = self.role.finished(rid, service, k, done)
+        if header is None:
+            header = m.make(MsgType.SERVERS, rid, name=self.name, servers=done.servers,
+                            answered=done.answered, timed_out=done.timed_out)
+        return [self._to(reply_to, header)]
+
+    def _to(self, reply_to: tuple, header: dict):
+        if reply_to[0] == "peer":
+            return Send(reply_to[1], header)
+        header.setdefault("name", self.name)
+        return SendParent(header)
+
+    def rebuilding(self, now: float) -> bool:
+        """Whether the tree may still be incomplete: a restarted root waits a
+        few heartbeat intervals for its children to register again."""
+        return self._rebuild_until is not None and now < self._rebuild_until

@@ -1,0 +1,76 @@
+"""Discovery and retries of the call machine (:mod:`gridrpc.core.call`).
+
+A machine built with ``discover=True`` and no candidates asks the agents for
+them (a :class:`~gridrpc.core.call_types.Discover` action) and, on a
+transient failure, discovers again after an exponential backoff until the
+call's deadline (or ``policy.retry_timeout`` after the start); the servers
+already given up on are left out of the next answer. The rules are drawn in
+:mod:`gridrpc.core.call`'s docstring.
+
+:class:`Rediscovery` holds those transitions; :class:`~gridrpc.core.call.
+CallMachine` inherits them (its ``__slots__`` hold the state used here:
+``discover``, ``discoveries``, ``retry_at``, ``retry_until``, ``excluded``,
+``last_error``).
+"""
+from __future__ import annotations
+
+from .call_types import CallError, Discover, Discovered, DiscoveryFailed, Phase
+
+__all__ = ["TRANSIENT_KINDS", "Rediscovery"]
+
+#: discovery failures worth retrying: nothing is known to be wrong with the request
+TRANSIENT_KINDS = frozenset({"rebuilding", "communication", "no_server", "timeout"})
+
+
+class Rediscovery:
+    """The discovery and retry transitions of :class:`~gridrpc.core.call.CallMachine`."""
+
+    __slots__ = ()
+
+    def _discovered(self, ev: Discovered, now: float) -> list:
+        if self.phase is not Phase.DISCOVERING:
+            return []
+        servers = [s for s in ev.servers if s.name not in self.excluded] or list(ev.servers)
+        if not servers:
+            return self._retry_or_fail(now, CallError(kind="no_server",
+                                                      message=f"no server available for {self.service!r}"))
+        self.candidates = tuple(servers) if self.policy.failover else tuple(servers)[:1]
+        return self._send_to(0, now)
+
+    def _discovery_failed(self, ev: DiscoveryFailed, now: float) -> list:
+        if self.phase is not Phase.DISCOVERING:
+            return []
+        err = CallError(kind=ev.kind, message=ev.message)
+        if ev.kind not in TRANSIENT_KINDS:
+            return self._fail(err)
+        return self._retry_or_fail(now, err)
+
+    def _discover_now(self, now: float) -> list:
+        self.phase = Phase.DISCOVERING
+        self.discoveries += 1
+        left = None if self.deadline is None else max(0.0, self.deadline - now)
+        return [Discover(self.discoveries, left)]
+
+    def _retry_or_fail(self, now: float, err: CallError) -> list:
+        """A transient failure: discover again after the backoff if time is
+        left, else fail with ``err``."""
+        self.last_error = err
+        pol = self.policy
+        delay = min(pol.backoff_max, pol.backoff_initial * (2 ** max(0, self.discoveries - 1)))
+        if not self.discover or now + delay >= self.retry_until:
+            if self.deadline is not None and now + delay >= self.deadline:
+                return self._fail(self._retry_timeout_error())
+            return self._fail(err)
+        self.phase = Phase.BACKOFF
+        self.retry_at = now + delay
+        return []
+
+    def _retry_timeout_error(self) -> CallError:
+        if self.last_error is not None:
+            last = f": {self.last_error.message}"
+        elif self.phase is Phase.DISCOVERING:
+            last = ": the master agent did not answer the discovery in time"
+        else:
+            last = ""
+        return CallError(kind="timeout", message=f"call to {self.service} timed out after "
+                                                 f"{self.discoveries} discovery attempt(s){last}")

@@ -1,0 +1,259 @@
+"""The pydantic models of deployment files' sections (:mod:`gridrpc.deploy.schema`)
+and the value types their fields share: numbers that are not booleans, finite
+floats, element names, ports, ``orphan_timeout`` (seconds or never), service
+and plugin targets, queue policies. Unknown keys are left to
+:func:`gridrpc.deploy.schema.check` (the models ignore them)."""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from typing import Annotated, Any, Literal
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
+
+__all__ = ["HostModel", "MasterAgentModel", "LocalAgentModel", "SedModel", "HeartbeatModel", "PluginsModel",
+           "SecurityModel", "TopModel",
+           # value types
+           "Text", "Name", "Port", "SshPort", "PosInt", "NonNegInt", "PosFloat", "NonNegFloat", "Orphan", "ArgList",
+           "OptionList", "Service", "Plugin", "Queue"]
+
+
+def _text(v: Any) -> Any:
+    """Strings; YAML numbers are taken as their text (``partition: 2024``)."""
+    if isinstance(v, bool) or v is None:
+        raise ValueError("must be a string")
+    if isinstance(v, (int, float)):
+        return str(v)
+    return v
+
+
+def _number(v: Any) -> Any:
+    """Numbers but not booleans (YAML's ``yes`` is True, not 1)."""
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number, not {str(v).lower()}")
+    return v
+
+
+def _kill_grace(v: float | None, info: ValidationInfo) -> float | None:
+    if v is None or "queue" not in info.data:          # an invalid queue is reported on its own
+        return v
+    from ..core.queue import make_policy
+    queue = info.data["queue"] or "fcfs"
+    try:
+        make_policy(queue, kill_grace=v)
+    except ValueError:
+        raise ValueError(f"kill_grace applies to queue 'ethic' only (this SeD's queue is {queue!r})") from None
+    return v
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    return v
+
+
+def _name(v: str) -> str:
+    from ..core.messages import valid_name
+    if not valid_name(v):
+        raise ValueError(f"{v!r}: element names are 1-64 letters, digits and _ . - "
+                         "(starting with a letter or digit)")
+    return v
+
+
+def _orphan(v: Any) -> Any:
+    if v is None or v is False or (isinstance(v, str) and v.strip().lower() in ("never", "none", "null")):
+        return None
+    if isinstance(v, bool):
+        raise ValueError(f"must be a number of seconds or null (never), got {v!r}")
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number of seconds or null (never), got {v!r}") from None
+    if not math.isfinite(f) or f <= 0:
+        raise ValueError(f"must be > 0 seconds (or null for never), got {v!r}")
+    return f
+
+
+def _args(v: Any) -> Any:
+    """A list of arguments; a string is split like a shell does."""
+    if isinstance(v, str):
+        return shlex.split(v)
+    if isinstance(v, (list, tuple)):
+        return [_text(x) for x in v]
+    raise ValueError("must be a list of strings")
+
+
+def _one_or_list(v: Any) -> Any:
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [_text(x) for x in v]
+    raise ValueError("must be a list of strings")
+
+
+def _none_is_empty_list(v: Any) -> Any:
+    return [] if v is None else v
+
+
+def _none_is_empty_dict(v: Any) -> Any:
+    return {} if v is None else v
+
+
+_SERVICE_RE = re.compile(r"(?:[A-Za-z_][\w.-]*=)?[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_TARGET_RE = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def _service(v: str) -> str:
+    if not _SERVICE_RE.fullmatch(v):
+        raise ValueError(f"{v!r} is not a service: expected 'package.module:function' (or 'name=module:function')")
+    return v
+
+
+def _plugin(v: str) -> str:
+    if not _TARGET_RE.fullmatch(v):
+        raise ValueError(f"{v!r} is not a plugin: expected 'package.module:Class'")
+    return v
+
+
+def _queue(v: str) -> str:
+    from ..core.queue import make_policy
+    try:
+        make_policy(v)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    return v
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+Name = Annotated[str, BeforeValidator(_text), AfterValidator(_name)]
+Port = Annotated[int, BeforeValidator(_number), Field(ge=0, le=65535)]
+SshPort = Annotated[int, BeforeValidator(_number), Field(ge=1, le=65535)]
+PosInt = Annotated[int, BeforeValidator(_number), Field(ge=1)]
+NonNegInt = Annotated[int, BeforeValidator(_number), Field(ge=0)]
+PosFloat = Annotated[float, BeforeValidator(_number), AfterValidator(_finite), Field(gt=0)]
+NonNegFloat = Annotated[float, BeforeValidator(_number), AfterValidator(_finite), Field(ge=0)]
+Orphan = Annotated[float | None, BeforeValidator(_orphan)]
+ArgList = Annotated[list[str], BeforeValidator(_args)]
+OptionList = Annotated[list[str], BeforeValidator(_one_or_list)]
+Service = Annotated[str, AfterValidator(_service)]
+Plugin = Annotated[str, AfterValidator(_plugin)]
+Queue = Annotated[str, BeforeValidator(_text), AfterValidator(_queue)]
+
+
+class _Model(BaseModel):
+    # unknown keys are reported by check() itself (with suggestions, and cloud
+    # entries hand theirs to the cloud parser), so the models ignore them
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class HostModel(_Model):
+    launcher: Literal["local", "ssh", "slurm"] | None = None
+    address: Text | None = None
+    ssh: Text | None = None
+    user: Text | None = None
+    port: SshPort = 22
+    key: Text | None = None
+    known_hosts: Text | None = None
+    ssh_config: Text | None = None
+    connect_timeout: PosFloat = 10.0
+    python: Text | None = None
+    venv: Text | None = None
+    workdir: Text | None = None
+    env: Annotated[dict[Text, Annotated[str, BeforeValidator(_text)]], BeforeValidator(_none_is_empty_dict)] = {}
+    ssh_options: OptionList = []
+    wrapper: ArgList = []
+    node: Text | None = None
+    orphan_timeout: Orphan = None
+    srun_args: ArgList = []
+    ssh_multiplex: bool = True
+    seds: NonNegInt | None = None          # `deploy plan` only
+    agents: bool | None = None             # `deploy plan` only
+
+    @model_validator(mode="after")
+    def _ssh_needs_a_target(self):
+        if self.launcher == "ssh" and not self.ssh:
+            raise ValueError("'ssh: user@host' is required for ssh hosts")
+        return self
+
+
+class MasterAgentModel(_Model):
+    name: Name = "MA"
+    host: Text = "localhost"
+    port: Port = 5555
+    http_port: Port | None = None
+
+
+class LocalAgentModel(_Model):
+    name: Name
+    parent: Text
+    host: Text = "localhost"
+    port: Port = 0
+    orphan_timeout: Orphan = None
+
+
+class SedModel(_Model):
+    name: Name
+    parent: Text
+    host: Text = "localhost"
+    port: Port = 0
+    kind: Literal["sed", "batch", "cloud"] | None = None
+    services: list[Service] | None = None
+    examples: bool = False
+    max_concurrent: PosInt | None = None
+    queue: Queue | None = None
+    replicas: PosInt | None = None
+    workers: PosInt | None = None
+    isolation: Literal["process", "inline"] | None = None
+    kill_grace: NonNegFloat | None = None
+    result_cache_bytes: NonNegInt | None = None
+    allow: dict[str, list[Text]] | None = None       # service | "*" -> users / "@group"
+    groups: dict[str, list[Text]] | None = None
+    max_calls_per_user: PosInt | None = None
+    max_message_size: PosInt | None = None
+    orphan_timeout: Orphan = None
+    args: ArgList | None = None
+    scheduler: Text | None = None
+    partition: Text | None = None
+    options: Any = None
+
+    _check_kill_grace = field_validator("kill_grace")(_kill_grace)
+
+    @model_validator(mode="after")
+    def _what_to_serve(self):
+        if not self.services and not self.examples:
+            raise ValueError("give 'services: [module:function, ...]' (or 'examples: true')")
+        return self
+
+
+class HeartbeatModel(_Model):
+    interval: PosFloat = 1.0
+    timeout: PosFloat = 3.0
+
+    @model_validator(mode="after")
+    def _timeout_above_interval(self):
+        if self.timeout <= self.interval:
+            raise ValueError(f"timeout ({self.timeout:g} s) must be longer than interval ({self.interval:g} s): "
+                             "a peer is lost after missing heartbeats for that long")
+        return self
+
+
+class PluginsModel(_Model):
+    aggregators: Annotated[list[Plugin], BeforeValidator(_none_is_empty_list)] = []
+
+
+class SecurityModel(_Model):
+    #: CurveZMQ on every link; default: on when any host is not loopback
+    enabled: bool | None = None
+    #: the key directory (same path on every host); default: the deployment's state dir + /keys
+    keys: Text | None = None
+    #: needed to turn security off on non-loopback hosts (it is logged loudly)
+    allow_insecure: bool = False
+    #: the user key the deploy command itself uses to talk to the MA (default: the login name)
+    user: Text | None = None
+
+
+class TopModel(_Model):
+    name: Text | None = None
+    orphan_timeout: Orphan = None

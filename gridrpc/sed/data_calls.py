@@ -1,0 +1,153 @@
+"""A call's data on the SeD (:mod:`gridrpc.sed.data`): a CALL whose
+arguments hold references is acknowledged at once and its references are
+resolved before it is queued (it holds no execution slot meanwhile); a CALL
+with ``keep`` stores its result here and answers with the reference; the
+waiters of a result are woken, or told why it will not come.
+
+:class:`CallData` holds those hooks, called by the SeD's call runtime
+(:mod:`gridrpc.sed.calls`); :class:`~gridrpc.sed.data.SedData` inherits them
+and owns the state (``call_owner``, ``call_waiters``, ``resolving``,
+``keeps``, ``pins``).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..core import codec
+from ..core import messages as m
+from ..core.datastore import Mode, parse_mode
+from ..core.messages import MsgType
+from ..core.refs import RefTag, find_refs, substitute
+from ..errors import DataAccessDenied, DataError, DataLost
+from .data_bytes import _nbytes
+
+__all__ = ["CallData"]
+
+
+class CallData:
+    """The call hooks of :class:`~gridrpc.sed.data.SedData`."""
+
+    def on_call(self, call, header: dict) -> bool:
+        """A new call (decoded, checked). Registers its kept result; True if
+        its inputs must be resolved first (then it is acknowledged here and
+        admitted later)."""
+        self.call_owner[call.id] = call.user
+        while len(self.call_owner) > 100_000:
+            self.call_owner.popitem(last=False)
+        keep = header.get("keep")
+        if keep is not None:
+            mode = parse_mode(keep["mode"])
+            self.store.expect(keep["ref"], call.user, mode, call.id, time.time())
+            self.keeps[call.id] = (keep["ref"], mode)
+        tags = find_refs(call.args) + find_refs(call.kwargs)
+        if not tags:
+            return False
+        self.sed.endpoint.send(call.route, self.sed._accepted(call))
+        task = self.sed._spawn(self._resolve(call, tags))
+        self.resolving[call.id] = (call, task)
+        return True
+
+    async def _resolve(self, call, tags: list[RefTag]) -> None:
+        values: dict[int, Any] = {}
+        pinned: list[str] = []
+        try:
+            cache: dict[str, Any] = {}
+            for tag in tags:
+                if tag.id not in cache:
+                    tree, buffers = await self.fetch(tag, call.user)
+                    ex = self.sed.execution
+                    cache[tag.id] = codec.decode(tree, buffers, ex.file_sink(call.workdir), ex.copy_args)
+                    if tag.id in self.store and not tag.desc.get("call"):
+                        self.store.pin(tag.id)          # a pending call needs it: never evicted
+                        pinned.append(tag.id)
+                values[id(tag)] = cache[tag.id]
+        except asyncio.CancelledError:
+            self._unpin(pinned)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure fails this call only, with a clear error
+            self._unpin(pinned)
+            self.resolving.pop(call.id, None)
+            kind = ("data_denied" if isinstance(exc, DataAccessDenied) else "data_lost" if isinstance(exc, DataLost)
+                    else "data" if isinstance(exc, DataError) else "protocol")
+            msg = f"call {call.id} ({call.service}) could not get its data: {exc}"
+            self._producer_failed(call.id, msg)
+            self.sed.endpoint.send(call.route, m.error_header(call.id, kind, msg, type_=type(exc).__name__,
+                                                              server=call.replica.name))
+            return
+        self.resolving.pop(call.id, None)
+        call.args = substitute(call.args, values)
+        call.kwargs = substitute(call.kwargs, values)
+        self.pins[call.id] = pinned
+        self.sed.admit(call)
+
+    def _unpin(self, refs: list[str]) -> None:
+        for r in refs:
+            self._carry_out(self.store.unpin(r))
+            self._carry_out(self.store.used_once(r, time.time()))
+
+    def state(self, cid: str) -> str | None:
+        return "queued" if cid in self.resolving else None
+
+    def cancel(self, cid: str) -> bool:
+        item = self.resolving.pop(cid, None)
+        if item is None:
+            return False
+        call, task = item
+        task.cancel()
+        self._producer_failed(cid, f"call {cid} was cancelled")
+        self.sed.endpoint.send(call.route, m.error_header(cid, "cancelled", "call cancelled while fetching its data"))
+        return True
+
+    def _producer_failed(self, cid: str, message: str) -> None:
+        keep = self.keeps.pop(cid, None)
+        if keep is not None:
+            self.store.fail(keep[0], message)
+            self._wake(keep[0])
+        for fut in self.call_waiters.pop(cid, []):
+            if not fut.done():
+                fut.set_exception(DataLost(message))
+
+    def answering(self, call, header: dict, buffers, ok: bool) -> tuple[dict, list, bool]:
+        """A call ends: release its inputs, keep its result, wake its waiters."""
+        self._unpin(self.pins.pop(call.id, []))
+        is_result = header.get("type") == MsgType.RESULT.value
+        waiters = self.call_waiters.pop(call.id, [])
+        if waiters:
+            for fut in waiters:
+                if fut.done():
+                    continue
+                if is_result:
+                    fut.set_result((header.get("value"), list(buffers)))
+                else:
+                    err = header.get("error") or {}
+                    fut.set_exception(DataLost(f"call {call.id} ({call.service}) that produces this argument "
+                                               f"failed: {err.get('type')}: {err.get('message')}"))
+        keep = self.keeps.get(call.id)
+        if keep is None:
+            return header, list(buffers), ok
+        if not is_result:
+            err = header.get("error") or {}
+            self._producer_failed(call.id, f"call {call.id} ({call.service}) that was to produce it failed: "
+                                           f"{err.get('type')}: {err.get('message')}")
+            return header, list(buffers), ok
+        self.keeps.pop(call.id, None)
+        ref, mode = keep
+        tree, buffers = header.get("value"), list(buffers)
+        size = sum(_nbytes(b) for b in buffers)
+        try:
+            _, actions = self.store.add(ref, call.user, mode, size, time.time())
+        except DataError as exc:
+            self._wake(ref)
+            return (m.error_header(call.id, "data", str(exc), type_=type(exc).__name__,
+                                   **{k: header[k] for k in ("server", "timing") if k in header}), [], False)
+        self._keep_bytes(ref, tree, buffers, actions)
+        self._wake(ref)
+        desc = {"__t": "ref", "id": ref, "holder": call.replica.name, "address": self.sed.address, "size": size,
+                "mode": mode.value, "replicas": []}
+        out = dict(header)
+        if mode is Mode.PERSISTENT_RETURN:
+            desc["value"] = tree
+            return {**out, "value": desc}, buffers, ok
+        return {**out, "value": desc}, [], ok

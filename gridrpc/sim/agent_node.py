@@ -1,0 +1,106 @@
+"""A simulated agent (:mod:`gridrpc.sim.elements`): drives the real
+:class:`gridrpc.core.agent.AgentState` (with the real roles, registry,
+discovery table and aggregators), as ``gridrpc/runtime/agent.py`` does with
+sockets: registration and heartbeats to the parent, the state's actions as
+messages, its ticks as timers."""
+from __future__ import annotations
+
+import random
+
+from ..core import messages as m
+from ..core.agent import AgentConfig, AgentState, FromParent, Received, Tick
+from ..core.agent_events import ChildrenUpdated, Send, SendParent
+from ..core.messages import MsgType
+from .engine import Host
+from .node import Node, Out
+
+__all__ = ["AgentNode"]
+
+_T = {t.value: t for t in MsgType}
+
+
+class AgentNode(Node):
+    kind = "agent"
+
+    def __init__(self, world, name: str, host: Host, role, parent: bytes | None, *, seed: int,
+                 hb_interval: float = 1.0, hb_timeout: float = 5.0) -> None:
+        super().__init__(world, name, host, role.kind)
+        self.route = name.encode()
+        self.parent = parent
+        self.hb_interval = hb_interval
+        self.state = AgentState(
+            AgentConfig(name=name, parent=parent.decode() if parent else None, hb_interval=hb_interval,
+                        hb_timeout=hb_timeout),
+            role, random.Random(seed),
+            info={"address": f"sim://{name}", "host": host.name, "pid": id(self) & 0xffffff, "started": 0.0})
+        self._tick_at: float | None = None
+        self._rereg = False
+        self._n = 0
+
+    def start(self, at: float) -> None:
+        if self.parent is not None:
+            self.world.sim.at(at, self.local, self._register)
+            self.world.sim.at(at + self.hb_interval * (0.5 + self.world.sim.rng.random()), self._heartbeat_timer)
+
+    def _id(self) -> str:
+        self._n += 1
+        return f"{self.name}.{self._n}"
+
+    def _register(self, out: Out) -> None:
+        self._rereg = False
+        now = self.world.sim.now
+        out.send(self.route, self.parent, m.make(MsgType.REGISTER, self._id(), name=self.name,
+                                                 **self.state.register_info(now, now)))
+
+    def _heartbeat_timer(self) -> None:
+        self.local(self._heartbeat)
+        self.world.sim.after(self.hb_interval, self._heartbeat_timer)
+
+    def _heartbeat(self, out: Out) -> None:
+        now = self.world.sim.now
+        out.send(self.route, self.parent, m.make(MsgType.HEARTBEAT, self._id(), name=self.name,
+                                                 **self.state.heartbeat_info(now, now)))
+
+    def handle(self, src, dst, h, out: Out) -> None:
+        now = self.world.sim.now
+        t = _T[h["type"]]
+        if src == self.parent and self.parent is not None:
+            if t is MsgType.HEARTBEAT_ACK:
+                if h.get("known") is False:
+                    self._register(out)
+                return
+            if t is MsgType.REGISTERED:
+                return
+            actions = self.state.handle(FromParent(t, h), now)
+        else:
+            actions = self.state.handle(Received(src, t, h), now)
+        self._apply(actions, out)
+
+    def _apply(self, actions: list, out: Out) -> None:
+        for a in actions:
+            ta = type(a)
+            if ta is Send:
+                out.send(self.route, a.to, a.header)
+            elif ta is SendParent:
+                if self.parent is not None:
+                    out.send(self.route, self.parent, a.header)
+            elif ta is ChildrenUpdated:
+                if a.reregister and not self._rereg and self.parent is not None:
+                    self._rereg = True      # the runtime's ParentLink.update(): one REGISTER for a burst
+                    self.world.sim.after(0.05, self.local, self._register)
+        self._arm()
+
+    def _arm(self) -> None:
+        w = self.state.next_wakeup()
+        if w is not None and (self._tick_at is None or w < self._tick_at):
+            self._tick_at = w
+            self.world.sim.at(w, self._tick_due, w)
+
+    def _tick_due(self, w: float) -> None:
+        if self._tick_at != w:
+            return
+        self._tick_at = None
+        self.local(self._tick)
+
+    def _tick(self, out: Out) -> None:
+        self._apply(self.state.handle(Tick(), self.world.sim.now), out)

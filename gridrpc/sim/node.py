@@ -1,0 +1,107 @@
+"""What every simulated element shares (:mod:`gridrpc.sim.elements`): a
+process on a simulated host whose received messages are jobs, each charged
+``msg[kind] * (1 + messages sent) + item[kind] * (items received and sent)``
+of CPU time (the calibration, :mod:`gridrpc.sim.model`), and the rough wire
+size of a header."""
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+from .engine import Host, Proc
+
+__all__ = ["Node", "Out", "items", "size"]
+
+
+def items(h: dict) -> int:
+    n = 0
+    for key in ("servers", "names", "elements"):
+        v = h.get(key)
+        if v:
+            n += len(v)
+    return n
+
+
+def size(h: dict) -> int:
+    """Bytes on the wire, roughly (measured orjson sizes of typical headers)."""
+    n = 140
+    v = h.get("servers")
+    if v:
+        n += 330 * len(v)
+    v = h.get("names")
+    if v:
+        n += 12 * len(v)
+    v = h.get("elements")
+    if v:
+        n += 260 * len(v)
+    return n
+
+
+class Out:
+    """What one job does when its CPU time is spent: send messages."""
+    __slots__ = ("node", "sends", "cost", "after")
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+        self.sends: list = []
+        self.cost = 0.0
+        self.after: list = []
+
+    def send(self, src: bytes, dst: bytes, header: dict) -> None:
+        self.sends.append((src, dst, header))
+
+    def complete(self) -> None:
+        world = self.node.world
+        for src, dst, h in self.sends:
+            world.transmit(self.node, src, dst, h)
+        for fn in self.after:
+            fn()
+
+
+class Node:
+    kind = "?"
+
+    def __init__(self, world, name: str, host: Host, kind: str | None = None) -> None:
+        self.world = world
+        self.name = name
+        self.kind = kind or self.kind
+        self.proc = Proc(host, name, self.kind)
+        share = world.costs.io_share
+        if share > 0.0 and self.kind != "worker":
+            self.proc.io = Proc(host, name + "-io", "io")
+            self.proc.io_share = share
+        self.inbound: collections.Counter = collections.Counter()
+        self.n_msgs = 0             # messages received and sent (what the calibration fits against)
+        self.n_items = 0
+
+    def deliver(self, src: bytes, dst: bytes, h: dict) -> None:
+        self.inbound[h["type"]] += 1
+        self.world.note_inbound(self, h)
+        self.proc.submit(self._job, src, dst, h)
+
+    def _job(self, src, dst, h) -> Out:
+        out = Out(self)
+        self.handle(src, dst, h, out)
+        self.charge(out, items(h))
+        return out
+
+    def charge(self, out: Out, n_items: int) -> None:
+        c = self.world.costs
+        k = self.kind
+        nm = (1 if n_items >= 0 else 0) + len(out.sends)
+        ni = max(n_items, 0) + sum(items(s[2]) for s in out.sends)
+        self.n_msgs += nm
+        self.n_items += ni
+        out.cost += c.msg(k) * nm + c.item(k) * ni
+
+    def handle(self, src, dst, h, out: Out) -> None:    # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def local(self, fn: Callable, *args) -> None:
+        """Run ``fn(out, *args)`` as a job of this process (a timer, a tick)."""
+        def job():
+            out = Out(self)
+            fn(out, *args)
+            self.charge(out, -1)        # a timer: no message received
+            return out
+        self.proc.submit(job)

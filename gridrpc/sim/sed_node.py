@@ -1,0 +1,234 @@
+"""A simulated SeD process (:mod:`gridrpc.sim.elements`) holding replicas:
+each replica a real :class:`~gridrpc.core.queue.SedScheduler` and
+:class:`~gridrpc.core.estimation.RunTimePredictor`, the process's calls in one
+real :class:`~gridrpc.core.sed_calls.SedCalls`; estimation vectors from
+:func:`~gridrpc.core.estimation.scheduler_tags`, as the SeD runtime. Calls
+run on simulated worker processes for a duration drawn from the service's
+model (:mod:`gridrpc.sim.model`)."""
+from __future__ import annotations
+
+import random
+
+from ..core import messages as m
+from ..core.estimation import RunTimePredictor, scheduler_tags
+from ..core.messages import MsgType
+from ..core.queue import SedScheduler, make_policy
+from ..core.sed_calls import CallRecord, CallState, Drop, Reacknowledge, Resend, Run, SedCalls, Stop
+from .engine import Host, Proc
+from .node import Node, Out
+
+__all__ = ["Replica", "SedNode"]
+
+
+class Replica:
+    __slots__ = ("name", "route", "scheduler", "predictor", "last_solve", "completed")
+
+    def __init__(self, name: str, scheduler: SedScheduler, predictor: RunTimePredictor) -> None:
+        self.name, self.route = name, name.encode()
+        self.scheduler, self.predictor = scheduler, predictor
+        self.last_solve: float | None = None
+        self.completed = 0
+
+
+class SedNode(Node):
+    """A SeD process: ``replicas`` tree elements sharing one process, one
+    address and ``workers`` worker processes (``gridrpc sed --replicas K``)."""
+    kind = "sed"
+    ack_delay = 0.02            # ProcessBackend.ack_delay: a quick call's RESULT stands for ACCEPTED
+
+    def __init__(self, world, name: str, host: Host, parent: bytes, names: list[str], *, seed: int,
+                 services: dict, policy: str = "fcfs", policy_options: dict | None = None,
+                 max_concurrent: int = 1, workers: int = 1, hb_interval: float = 1.0,
+                 host_tags: dict | None = None) -> None:
+        super().__init__(world, name, host)
+        self.parent = parent
+        self.address = f"sim://{name}"
+        self.services = services            # name -> ServiceModel (gridrpc.sim.model)
+        self.hb_interval = hb_interval
+        rng = random.Random(seed)
+        self.replicas: dict[bytes, Replica] = {}
+        for n in names:
+            sch = SedScheduler(make_policy(policy, **(policy_options or {})), max_concurrent=max_concurrent,
+                               rng=random.Random(rng.random()))
+            self.replicas[n.encode()] = Replica(n, sch, RunTimePredictor())
+        self.by_name = {r.name: r for r in self.replicas.values()}
+        self.calls = SedCalls({r.name: r.scheduler for r in self.replicas.values()})
+        self.rng = rng
+        self.workers = [Proc(host, f"{name}-w{i}", "worker") for i in range(workers)]
+        self._w = 0
+        self.host_tags = {"nb_cpu": host.cores, "free_cpu": 1.0, "total_mem": 16e9, "free_mem": 8e9,
+                          **(host_tags or {})}
+        self._n = 0
+        self._wake: dict[str, float] = {}
+        self.answered_at: dict[str, float] = {}
+        self.estimates = 0
+
+    def routes(self) -> list[bytes]:
+        return list(self.replicas)
+
+    def start(self, at: float) -> None:
+        sim = self.world.sim
+        svc = [{"name": s, "doc": "", "params": []} for s in self.services]
+        info = {"kind": "sed", "address": self.address, "host": self.proc.host.name, "pid": id(self) & 0xffffff,
+                "started": 0.0}
+        for r in self.replicas.values():
+            h = m.make(MsgType.REGISTER, self._id(), name=r.name, **info, services=svc, elements=[], load={})
+            sim.at(at, self.world.transmit, self, r.route, self.parent, h)
+        if self.hb_interval:
+            sim.at(at + self.hb_interval * (0.5 + self.rng.random()), self._heartbeat_timer)
+
+    def _id(self) -> str:
+        self._n += 1
+        return f"{self.name}.{self._n}"
+
+    def _heartbeat_timer(self) -> None:
+        self.local(self._heartbeats)
+        self.world.sim.after(self.hb_interval, self._heartbeat_timer)
+
+    def _heartbeats(self, out: Out) -> None:
+        for r in self.replicas.values():
+            sch = r.scheduler
+            load = {"policy": sch.policy.name, "num_running": len(sch.running),
+                    "num_waiting": len(sch.requests) - len(sch.running), "completed": r.completed}
+            out.send(r.route, self.parent, m.make(MsgType.HEARTBEAT, self._id(), name=r.name, load=load))
+
+    def estimate(self, r: Replica, service: str, now: float) -> dict:
+        vec = dict(self.host_tags)
+        vec["server_type"] = "serial"
+        vec.update(scheduler_tags(scheduler=r.scheduler, service=service, predictor=r.predictor, now=now,
+                                  last_solve=r.last_solve))
+        return vec
+
+    # -- messages ---------------------------------------------------------------
+    def handle(self, src, dst, h, out: Out) -> None:
+        now = self.world.sim.now
+        t = h["type"]
+        r = self.replicas[dst]
+        if t == "discover":
+            names = h.get("names") if isinstance(h.get("names"), list) else [r.name]
+            mine = [self.by_name[n] for n in names if n in self.by_name] or [r]
+            service = h["service"]
+            servers = [] if service not in self.services else [
+                {"name": rep.name, "address": self.address, "estimation": self.estimate(rep, service, now)}
+                for rep in mine]
+            self.estimates += len(servers)
+            for rep in mine:
+                self.answered_at[rep.name] = now
+            reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
+            if len(mine) > 1:
+                reply["names"] = [rep.name for rep in mine]
+            out.send(r.route, self.parent, reply)
+        elif t == "call":
+            self._on_call(src, r, h, now, out)
+        elif t == "cancel":
+            call = self.calls.live.get(h["id"])
+            state, actions = self.calls.cancel(h["id"], now)
+            out.send(r.route, src, m.make(MsgType.CANCELLED, h["id"], state=state))
+            if call is not None:
+                self._apply(call.sed, actions, now, out)
+        elif t == "ping":
+            if src == self.parent:
+                out.send(r.route, src, m.make(MsgType.PONG, h["id"], name=r.name))
+            else:
+                ids = h.get("ids") or []
+                out.send(r.route, src, m.make(MsgType.PONG, h["id"], name=r.name,
+                                              calls={i: self.calls.state(i) for i in ids}))
+        elif t == "heartbeat_ack" and h.get("known") is False:
+            svc = [{"name": s, "doc": "", "params": []} for s in self.services]
+            out.send(r.route, self.parent, m.make(
+                MsgType.REGISTER, self._id(), name=r.name, kind="sed", address=self.address,
+                host=self.proc.host.name, pid=id(self) & 0xffffff, started=0.0, services=svc, elements=[],
+                load={}))
+
+    def _on_call(self, src: bytes, r: Replica, h: dict, now: float, out: Out) -> None:
+        dup = self.calls.duplicate(h["id"])
+        if isinstance(dup, Reacknowledge):
+            out.send(r.route, src, m.make(MsgType.ACCEPTED, h["id"], server=dup.call.sed))
+            return
+        if isinstance(dup, Resend):
+            out.send(r.route, src, m.make(MsgType.RESULT, h["id"], value=None, server=h.get("sed")))
+            return
+        if dup is not None:
+            out.send(r.route, src, m.error_header(h["id"], "result_gone", "result dropped"))
+            return
+        sed = h.get("sed") if h.get("sed") in self.by_name else r.name
+        call = CallRecord(id=h["id"], sed=sed, service=h["service"], user=h.get("user") or "anonymous",
+                          optional=bool(h.get("optional")), received=now)
+        call.route = src            # type: ignore[attr-defined]
+        call.gen = 0                # type: ignore[attr-defined]
+        actions = self.calls.submit(call, now)
+        self._apply(sed, actions, now, out)
+        if call.state is CallState.QUEUED:
+            out.send(self.by_name[sed].route, src, m.make(MsgType.ACCEPTED, call.id, server=sed))
+        else:
+            self.world.sim.after(self.ack_delay, self._maybe_ack, call)
+
+    def _maybe_ack(self, call) -> None:
+        if call.state is CallState.RUNNING and self.calls.live.get(call.id) is call:
+            self.world.transmit(self, self.by_name[call.sed].route, call.route,
+                                m.make(MsgType.ACCEPTED, call.id, server=call.sed))
+
+    def _apply(self, sed: str, actions: list, now: float, out: Out) -> None:
+        for a in actions:
+            if isinstance(a, Run):
+                self._run(a.call, now)
+            elif isinstance(a, Stop):
+                a.call.gen += 1
+                kind = "preempted" if a.reason == "preempted" else "cancelled"
+                out.send(self.by_name[a.call.sed].route, a.call.route, m.error_header(
+                    a.call.id, kind, f"call {a.reason}", server=a.call.sed))
+                self._complete(a.call, ok=False, now=now, out=out)
+            elif isinstance(a, Drop):
+                out.send(self.by_name[a.call.sed].route, a.call.route, m.error_header(
+                    a.call.id, "cancelled", "call cancelled while queued", server=a.call.sed))
+                self._complete(a.call, ok=False, now=now, out=out)
+        wake = self.calls.next_wakeup(sed, now)
+        if wake is not None and self._wake.get(sed) != wake:
+            self._wake[sed] = wake
+            self.world.sim.at(wake + 0.001, self.local, self._tick, sed, wake)
+
+    def _tick(self, out: Out, sed: str, wake: float) -> None:
+        if self._wake.get(sed) != wake:
+            return
+        del self._wake[sed]
+        now = self.world.sim.now
+        self._apply(sed, self.calls.tick(sed, now), now, out)
+
+    def _complete(self, call, *, ok: bool, now: float, out: Out) -> None:
+        self._apply(call.sed, self.calls.complete(call.id, None, ok=ok, now=now), now, out)
+
+    def _run(self, call, now: float) -> None:
+        svc = self.services.get(call.service)
+        duration = svc.sample(self.rng) if svc is not None else 0.0
+        cpu = svc is not None and svc.cpu_bound
+        w = self.workers[self._w % len(self.workers)]
+        self._w += 1
+        gen = call.gen
+        costs = self.world.costs
+
+        class _Exec:
+            __slots__ = ("cost",)
+
+            def __init__(s):
+                s.cost = costs.exec_cpu + (duration if cpu else 0.0)
+
+            def complete(s):
+                if cpu:
+                    self.local(self._finished, call, gen, duration)
+                else:
+                    self.world.sim.after(duration, self.local, self._finished, call, gen, duration)
+        w.submit(_Exec)
+
+    def _finished(self, out: Out, call, gen: int, duration: float) -> None:
+        if call.gen != gen or call.state is not CallState.RUNNING:
+            return                  # stopped meanwhile: answered by Stop
+        now = self.world.sim.now
+        r = self.by_name[call.sed]
+        r.predictor.observe(call.service, duration)
+        r.last_solve = now
+        r.completed += 1
+        out.cost += self.world.costs.call_cpu
+        out.send(r.route, call.route, m.make(MsgType.RESULT, call.id, value=None, server=call.sed,
+                                             timing={"received": call.received, "started": call.started,
+                                                     "ended": now}))
+        self._complete(call, ok=True, now=now, out=out)

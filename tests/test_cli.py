@@ -96,7 +96,8 @@ def test_result_cache_bytes_reaches_the_sed_command():
     spec = parse({"master_agent": {"name": "MA"},
                   "seds": [{"name": "s1", "parent": "MA", "examples": True, "result_cache_bytes": 1000,
                             "max_message_size": 2048, "allow": {"sleep": ["@staff", "bob"]},
-                            "groups": {"staff": ["alice"]}, "max_calls_per_user": 3}]})
+                            "groups": {"staff": ["alice"]}, "max_calls_per_user": 3,
+                            "data_memory_bytes": 5000, "data_policy": "lfu"}]})
     d = Deployment(spec)
     d.addresses["MA"] = "tcp://127.0.0.1:5555"
     cmd = d.command(next(e for e in spec.elements if e.name == "s1"))
@@ -104,3 +105,24 @@ def test_result_cache_bytes_reaches_the_sed_command():
     assert cmd[cmd.index("--max-message-size") + 1] == "2048"
     assert cmd[cmd.index("--allow") + 1] == "sleep=@staff,bob" and cmd[cmd.index("--group") + 1] == "staff=alice"
     assert cmd[cmd.index("--max-calls-per-user") + 1] == "3"
+    assert cmd[cmd.index("--data-memory-bytes") + 1] == "5000" and cmd[cmd.index("--data-policy") + 1] == "lfu"
+
+
+def test_data_cache_options_reach_a_real_sed(proc_tree):
+    """--data-memory-bytes bounds what a SeD holds (docs/data.md)."""
+    import gridrpc
+    ma = proc_tree.start("ma", "MA")
+    proc_tree.sed("sed-d", ma.address, "--data-memory-bytes", "4000", "--data-policy", "fifo")
+    with gridrpc.Client(ma.address, retry_timeout=10) as c:
+        from gridrpc.testing import wait_for
+
+        def ready():
+            try:
+                return bool(c.discover("add", 1))
+            except gridrpc.GridRPCError:
+                return False
+        wait_for(ready, 20, "the SeD registered")
+        small = c.put(b"x" * 1000, server="sed-d")
+        assert c.get(small) == b"x" * 1000
+        with pytest.raises(gridrpc.DataError, match="4000|budget|fit"):
+            c.put(b"y" * 10_000, server="sed-d")

@@ -97,6 +97,14 @@ def add_daemon_parsers(sub) -> None:
     p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024,
                    help="largest call accepted, bytes (default 512 MiB)")
     add_access_arguments(p)
+    g = p.add_argument_group("data held on this SeD (docs/data.md)")
+    g.add_argument("--data-memory-bytes", type=int, default=None, metavar="N",
+                   help="bytes of data references held in memory (default 2 GiB)")
+    g.add_argument("--data-disk-bytes", type=int, default=None, metavar="N",
+                   help="spill space past it, bytes (default 0: evict instead)")
+    g.add_argument("--data-policy", choices=["lru", "lfu", "fifo"], default=None,
+                   help="what is evicted first (default lru; sticky and pending data never)")
+    g.add_argument("--data-dir", metavar="DIR", default=None, help="spill directory (default: the SeD's temp dir)")
     p.add_argument("--result-cache-bytes", type=int, default=64 * 1024 * 1024,
                    help="answers kept for repeated request ids, bytes (default 64 MiB)")
     p.add_argument("--orphan-call-timeout", type=float, default=30.0,
@@ -163,6 +171,11 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         else:
             a.parent = parent
             hb["access"] = _access_rules(a)
+            data = {k: v for k, v in (("memory_bytes", a.data_memory_bytes), ("disk_bytes", a.data_disk_bytes),
+                                      ("policy", a.data_policy), ("directory", a.data_dir)) if v is not None}
+            if data:
+                from ..sed.data import DataConfig
+                hb["data"] = DataConfig(**data)
             if getattr(a, "batch", None):
                 from ..sed.batch.cli import make_batch_sed
                 d = make_batch_sed(a, address, hb)

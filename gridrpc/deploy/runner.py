@@ -208,7 +208,9 @@ class Deployment(StartUp, TearDown, DeploymentState):
                               ("isolation", "--isolation"), ("kill_grace", "--kill-grace"),
                               ("result_cache_bytes", "--result-cache-bytes"),
                               ("max_message_size", "--max-message-size"),
-                              ("max_calls_per_user", "--max-calls-per-user")):
+                              ("max_calls_per_user", "--max-calls-per-user"),
+                              ("data_memory_bytes", "--data-memory-bytes"), ("data_disk_bytes", "--data-disk-bytes"),
+                              ("data_policy", "--data-policy"), ("data_dir", "--data-dir")):
                 if o.get(key) is not None:
                     cmd += [flag, str(o[key])]
             for key, flag in (("allow", "--allow"), ("groups", "--group")):

@@ -211,6 +211,10 @@ class SedModel(_Model):
     allow: dict[str, list[Text]] | None = None       # service | "*" -> users / "@group"
     groups: dict[str, list[Text]] | None = None
     max_calls_per_user: PosInt | None = None
+    data_memory_bytes: NonNegInt | None = None
+    data_disk_bytes: NonNegInt | None = None
+    data_policy: Literal["lru", "lfu", "fifo"] | None = None
+    data_dir: Text | None = None
     max_message_size: PosInt | None = None
     orphan_timeout: Orphan = None
     args: ArgList | None = None

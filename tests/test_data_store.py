@@ -107,3 +107,14 @@ def test_fetch_bytes_and_locality_aggregator():
     assert agg.rank([idle, holder], random.Random(1))[0]["name"] == "s3"
     holder["estimation"]["num_waiting"] = 0
     assert agg.rank([idle, holder], random.Random(1))[0]["name"] == "s1"
+
+
+def test_held_bytes_count_against_the_users_limit():
+    from gridrpc.core.datastore import DataStore, Mode
+    from gridrpc.errors import DataError
+    s = DataStore(memory_bytes=10_000, max_bytes_per_user=3000, holder="sed-1")
+    s.add("r-1", "alice", Mode.PERSISTENT, 2000, now=1.0)
+    with pytest.raises(DataError, match="user 'alice' holds 2000 bytes.*max_bytes_per_user=3000"):
+        s.add("r-2", "alice", Mode.PERSISTENT, 2000, now=2.0)
+    s.add("r-3", "bob", Mode.PERSISTENT, 2000, now=3.0)        # another user's budget
+    assert s.held_by_user() == {"alice": 2000, "bob": 2000}

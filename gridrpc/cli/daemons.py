@@ -105,6 +105,8 @@ def add_daemon_parsers(sub) -> None:
     g.add_argument("--data-policy", choices=["lru", "lfu", "fifo"], default=None,
                    help="what is evicted first (default lru; sticky and pending data never)")
     g.add_argument("--data-dir", metavar="DIR", default=None, help="spill directory (default: the SeD's temp dir)")
+    g.add_argument("--data-bytes-per-user", type=int, default=None, metavar="N",
+                   help="data one user may hold on this SeD, bytes (default: no limit)")
     p.add_argument("--result-cache-bytes", type=int, default=64 * 1024 * 1024,
                    help="answers kept for repeated request ids, bytes (default 64 MiB)")
     p.add_argument("--orphan-call-timeout", type=float, default=30.0,
@@ -172,7 +174,8 @@ def cmd_daemon(a: argparse.Namespace) -> int:
             a.parent = parent
             hb["access"] = _access_rules(a)
             data = {k: v for k, v in (("memory_bytes", a.data_memory_bytes), ("disk_bytes", a.data_disk_bytes),
-                                      ("policy", a.data_policy), ("directory", a.data_dir)) if v is not None}
+                                      ("policy", a.data_policy), ("directory", a.data_dir),
+                                      ("max_bytes_per_user", a.data_bytes_per_user)) if v is not None}
             if data:
                 from ..sed.data import DataConfig
                 hb["data"] = DataConfig(**data)

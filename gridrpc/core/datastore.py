@@ -111,7 +111,9 @@ class Freed:
 
 class DataStore:
     def __init__(self, *, memory_bytes: int = 1 << 30, disk_bytes: int = 0, policy: str = "lru",
-                 holder: str = "this SeD", max_tombstones: int = 100_000) -> None:
+                 holder: str = "this SeD", max_tombstones: int = 100_000,
+                 max_bytes_per_user: int | None = None) -> None:
+        self.max_bytes_per_user = max_bytes_per_user     # held bytes one user may have here (None: no limit)
         if policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; one of {', '.join(POLICIES)}")
         if memory_bytes < 0 or disk_bytes < 0:
@@ -184,6 +186,13 @@ class DataStore:
             self._drop_pending(ref, "it was larger than the SeD's data budget")
             raise DataError(f"data reference {ref} of {size} bytes exceeds the data budget of {self.holder} "
                             f"({self.memory_bytes} bytes in memory, {self.disk_bytes} on disk)")
+        if self.max_bytes_per_user is not None:
+            held = self.held_by_user().get(owner, 0)
+            if held + size > self.max_bytes_per_user:
+                self.counts["refused"] += 1
+                self._drop_pending(ref, "refused: over its owner's data limit")
+                raise DataError(f"data reference {ref} ({size} bytes) refused on {self.holder}: user {owner!r} "
+                                f"holds {held} bytes here (limit max_bytes_per_user={self.max_bytes_per_user})")
         evictable = sum(v.size for v in self._victims(Where.MEMORY))
         could_spill = self.disk_bytes and mode is not Mode.STICKY and size <= self.disk_bytes
         if size > self.memory_bytes - (self.used[Where.MEMORY] - evictable) and not could_spill:

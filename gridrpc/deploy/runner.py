@@ -210,7 +210,8 @@ class Deployment(StartUp, TearDown, DeploymentState):
                               ("max_message_size", "--max-message-size"),
                               ("max_calls_per_user", "--max-calls-per-user"),
                               ("data_memory_bytes", "--data-memory-bytes"), ("data_disk_bytes", "--data-disk-bytes"),
-                              ("data_policy", "--data-policy"), ("data_dir", "--data-dir")):
+                              ("data_policy", "--data-policy"), ("data_dir", "--data-dir"),
+                              ("data_bytes_per_user", "--data-bytes-per-user")):
                 if o.get(key) is not None:
                     cmd += [flag, str(o[key])]
             for key, flag in (("allow", "--allow"), ("groups", "--group")):

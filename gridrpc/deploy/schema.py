@@ -41,7 +41,7 @@ SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", 
                       "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
                       "scheduler", "partition", "options", "result_cache_bytes", "max_message_size",
                       "allow", "groups", "max_calls_per_user", "data_memory_bytes", "data_disk_bytes",
-                      "data_policy", "data_dir"})
+                      "data_policy", "data_dir", "data_bytes_per_user"})
 HOST_KEYS = frozenset({"launcher", "address", "ssh", "user", "port", "key", "known_hosts", "ssh_config",
                        "connect_timeout", "python", "venv", "workdir", "env", "ssh_options", "wrapper", "node",
                        "orphan_timeout", "srun_args", "ssh_multiplex", "seds", "agents"})

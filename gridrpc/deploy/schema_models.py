@@ -215,6 +215,7 @@ class SedModel(_Model):
     data_disk_bytes: NonNegInt | None = None
     data_policy: Literal["lru", "lfu", "fifo"] | None = None
     data_dir: Text | None = None
+    data_bytes_per_user: PosInt | None = None
     max_message_size: PosInt | None = None
     orphan_timeout: Orphan = None
     args: ArgList | None = None

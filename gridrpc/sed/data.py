@@ -56,7 +56,8 @@ class DataConfig:
     """``memory_bytes``: values held in memory; ``disk_bytes``: spill space
     past it (0: evict instead); ``policy``: lru | lfu | fifo; ``directory``:
     spill directory (default: in the SeD's temporary directory);
-    ``fetch_timeout``: how long a holder has to answer (a lost holder is
+    ``max_bytes_per_user``: held bytes one user may have here (the user is the
+    key's under security); ``fetch_timeout``: how long a holder has to answer (a lost holder is
     reported after it); ``appear_grace``: how long a reference announced by a
     client may take to be registered here (its producing CALL may arrive
     after the consumer's fetch)."""
@@ -67,6 +68,7 @@ class DataConfig:
     fetch_timeout: float = 10.0
     appear_grace: float = 10.0
     max_wait: float = 86_400.0
+    max_bytes_per_user: int | None = None   # held bytes one user may have on this SeD
 
 
 def requester(msg: Incoming) -> str:
@@ -83,7 +85,7 @@ class SedData(HeldBytes, Fetching, CallData):
         self.sed = sed
         self.config = c = config or DataConfig()
         self.store = DataStore(memory_bytes=c.memory_bytes, disk_bytes=c.disk_bytes, policy=c.policy,
-                               holder=f"SeD {sed.name}")
+                               holder=f"SeD {sed.name}", max_bytes_per_user=c.max_bytes_per_user)
         self.directory = c.directory or os.path.join(sed.tmpdir, "data")
         self.values: dict[str, tuple[Any, list]] = {}          # ref -> (tree, buffers) in memory
         self.files: dict[str, tuple[Any, list[int], str]] = {}  # ref -> (tree, sizes, path) spilled

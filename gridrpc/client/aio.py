@@ -31,7 +31,7 @@ from .call import Call, ServerInfo
 from .driver import AsyncCallDriver, Flight, exception_for
 from .ids import new_id
 from .ma_requests import MasterAgentRequests
-from .options import ClientOptions, option_view
+from .options import ClientOptions, OptionViews
 
 
 def default_user() -> str:
@@ -41,22 +41,13 @@ def default_user() -> str:
         return os.environ.get("USER", "anonymous")
 
 
-class AsyncClient(MasterAgentRequests):
+class AsyncClient(OptionViews, MasterAgentRequests):
     """``async with gridrpc.AsyncClient(ma, user="alice") as client: await client.call(...)``.
 
     Keyword options: the fields of :class:`~gridrpc.client.options.ClientOptions`
     (or ``options=ClientOptions(...)`` plus overrides); an unknown one is a TypeError.
     """
 
-    timeout = option_view("timeout")
-    discovery_timeout = option_view("discovery_timeout")
-    ack_timeout = option_view("ack_timeout")
-    ping_interval = option_view("ping_interval")
-    ping_timeout = option_view("ping_timeout")
-    failover = option_view("failover")
-    max_candidates = option_view("max_candidates")
-    max_message_size = option_view("max_message_size")
-    aggregator = option_view("aggregator")
     discovery_budget = property(lambda self: self.options.budget, doc="discovery budget sent to the agents, s")
 
     def __init__(self, master_agent: str | list[str] | None = None, *, options: ClientOptions | None = None,

@@ -128,6 +128,20 @@ def option_view(name: str) -> property:
     return property(lambda self: getattr(self.options, name), doc=f"``ClientOptions.{name}`` (read-only)")
 
 
+class OptionViews:
+    """Read-only attributes ``client.timeout``... over ``client.options``,
+    shared by the asyncio and the gevent clients."""
+    timeout = option_view("timeout")
+    discovery_timeout = option_view("discovery_timeout")
+    ack_timeout = option_view("ack_timeout")
+    ping_interval = option_view("ping_interval")
+    ping_timeout = option_view("ping_timeout")
+    failover = option_view("failover")
+    max_candidates = option_view("max_candidates")
+    max_message_size = option_view("max_message_size")
+    aggregator = option_view("aggregator")
+
+
 def _bad_type(name: str, value: Any, what: str) -> None:
     raise TypeError(f"client option {name} must be {what}, not {type(value).__name__} ({value!r})")
 

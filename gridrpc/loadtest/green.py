@@ -46,7 +46,7 @@ import zmq.green as zmqg
 from ..client.call import ServerInfo
 from ..client.driver import CallDriver, Flight, exception_for
 from ..client.ids import new_id
-from ..client.options import ClientOptions, option_view
+from ..client.options import ClientOptions, OptionViews
 from ..core import codec
 from ..core import messages as m
 from ..core.call import CallMachine, Done, Tick
@@ -186,7 +186,7 @@ def _decode(header: dict, frames: list) -> tuple[Any, int]:
     return codec.decode(header.get("value"), [f.buffer for f in frames[1:]]), sum(len(f) for f in frames)
 
 
-class GreenClient:
+class GreenClient(OptionViews):
     """A gridrpc client for gevent (locust). Same errors as :class:`gridrpc.Client`.
 
     Options: the fields of :class:`gridrpc.ClientOptions` (``timeout``
@@ -198,14 +198,6 @@ class GreenClient:
     CommunicationError.
     """
 
-    timeout = option_view("timeout")
-    discovery_timeout = option_view("discovery_timeout")
-    ack_timeout = option_view("ack_timeout")
-    ping_interval = option_view("ping_interval")
-    ping_timeout = option_view("ping_timeout")
-    failover = option_view("failover")
-    max_candidates = option_view("max_candidates")
-    aggregator = option_view("aggregator")
 
     def __init__(self, master_agent: str | None = None, *, keep_records: bool = False,
                  options: ClientOptions | None = None, **kwargs: Any) -> None:

@@ -50,6 +50,12 @@ def read_file(f: File) -> FileRef:
         raise InvalidArgument(f"cannot read {f.path}: {exc}") from exc
 
 
+def safe_file_name(sent_name: object) -> str:
+    """The sender's file name kept only as a hint (the extension matters to
+    solvers): at most 64 safe characters of its base name, never a path."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(str(sent_name)))[-64:].lstrip(".") or "file"
+
+
 class FileSink:
     """Writes received files into a directory; ``as_path`` gives services a str."""
 
@@ -60,9 +66,7 @@ class FileSink:
     def __call__(self, ref: FileRef):
         d = self.directory or tempfile.mkdtemp(prefix="gridrpc-files-")
         os.makedirs(d, exist_ok=True)
-        # the sender's file name is kept only as a hint (the extension matters to
-        # solvers): safe characters, bounded; the path itself is chosen here
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(str(ref.name)))[-64:].lstrip(".") or "file"
+        name = safe_file_name(ref.name)          # the path itself is chosen here
         fd, path = tempfile.mkstemp(prefix="", suffix="-" + name, dir=d)
         with os.fdopen(fd, "wb") as fh:
             fh.write(ref.data)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import codec
+from ...files import safe_file_name
 
 __all__ = ["safe_name", "write_json", "read_json", "write_buffers", "read_buffers",
            "write_call", "read_call", "write_result", "write_error", "read_outcome", "Outcome",
@@ -221,8 +222,7 @@ class LaterFiles:
         self.directory, self.pending = directory, pending
 
     def __call__(self, ref) -> str:
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(str(ref.name)))[-64:].lstrip(".") or "file"
-        path = os.path.join(self.directory, f"f{len(self.pending)}-{name}")
+        path = os.path.join(self.directory, f"f{len(self.pending)}-{safe_file_name(ref.name)}")
         self.pending.append((path, ref.data))
         return path
 

@@ -118,7 +118,8 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "refused": Refused,
     "communication": CommunicationError,
     "server_lost": ServerLost,
-    "rebuilding": NoServerAvailable,      # a restarted MA still rebuilding its tree (retried by clients)
+    "rebuilding": NoServerAvailable,
+    "busy": NoServerAvailable,            # a CALL with start_now found no free slot (the client tries another)      # a restarted MA still rebuilding its tree (retried by clients)
     "timeout": Timeout,
 }
 

@@ -269,6 +269,53 @@ def test_late_answers_of_an_earlier_attempt_are_ignored():
     assert mc.handle(Result("t-2", 2), 5.2) == [Done(2, "b", {})]
 
 
+@dataclass(frozen=True)
+class Est:
+    name: str
+    address: str
+    estimation: dict
+
+
+FREE = {"num_running": 0, "max_concurrent": 1, "num_waiting": 0}
+BUSY = {"num_running": 1, "max_concurrent": 1, "num_waiting": 0}
+
+
+def test_late_binding_probes_servers_seen_free_and_moves_on_busy():
+    """A server the view saw free gets ``start_now`` while another seen free
+    follows; its ``busy`` answer (nothing queued there) moves the call on,
+    without a CANCEL; the last server seen free queues as usual."""
+    cands = [Est("a", "tcp://a:1", FREE), Est("b", "tcp://b:1", FREE), Est("c", "tcp://c:1", BUSY)]
+    mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"))
+    assert mc.handle(Start(), 0.0) == [SendCall("t-1", "a", "tcp://a:1", True)]
+    busy = {"kind": "busy", "message": "SeD a has no free slot for add now"}
+    acts = mc.handle(Error("t-1", busy, server="a"), 0.001)
+    assert [type(a) for a in acts] == [FailOver, SendCall]           # no SendCancel: nothing queued on a
+    assert acts[1] == SendCall("t-2", "b", "tcp://b:1", False)       # no other server seen free: may queue
+    assert mc.handle(Result("t-2", 5, {}, "b"), 0.01) == [Done(5, "b", {})]
+
+
+@pytest.mark.parametrize("ests", [
+    [FREE, BUSY, BUSY],                                   # nobody else seen free: queue on the best
+    [BUSY, FREE, FREE],                                   # the best was seen busy: no probe
+    [{"num_running": 0, "max_concurrent": 1, "num_waiting": 2}, FREE],    # waiting calls: not free
+    [{"num_running": "0", "max_concurrent": 1}, FREE],   # malformed tags are not trusted
+    [None, FREE],                                         # no estimation (a bound server)
+])
+def test_no_probe_unless_two_servers_were_seen_free(ests):
+    cands = [Est(n, f"tcp://{n}:1", e) for n, e in zip("abc", ests)]
+    mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"))
+    assert mc.handle(Start(), 0.0) == [SendCall("t-1", "a", "tcp://a:1", False)]
+
+
+def test_busy_on_the_last_candidate_is_transient():
+    """A ``busy`` answer from the only server fails as "no server" (with
+    discovery, the machine discovers again instead: call_retry)."""
+    mc = machine(1)
+    mc.handle(Start(), 0.0)
+    acts = mc.handle(Error("t-1", {"kind": "busy", "message": "full"}, server="a"), 0.0)
+    assert isinstance(acts[-1], Fail) and isinstance(exc(acts[-1]), NoServerAvailable)
+
+
 def test_ids_are_valid_and_unique():
     gen = IdGenerator("0123456789abcdef")
     ids = [gen() for _ in range(1000)]

@@ -25,6 +25,7 @@ from gridrpc.grpc import (GRPC_ALREADY_INITIALIZED, GRPC_COMMUNICATION_FAILED, G
                           GRPC_INVALID_SESSION_ID, GRPC_NO_ERROR, GRPC_NONE_COMPLETED, GRPC_NOT_COMPLETED,
                           GRPC_NOT_INITIALIZED, GRPC_OTHER_ERROR_CODE, GRPC_RPC_REFUSED, GRPC_SERVER_NOT_FOUND,
                           GRPC_SESSION_FAILED, GRPC_SESSIONID_VOID)
+from gridrpc.errors import Timeout
 from gridrpc.testing import LocalTree, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,8 +97,18 @@ def sed_load(tree, name) -> tuple[int, int]:
 
 
 def wait_load(tree, name, running, waiting=0, timeout=10):
-    wait_for(lambda: sed_load(tree, name) == (running, waiting), timeout,
-             f"{name} with {running} running and {waiting} waiting call(s)")
+    seen: list = []
+
+    def reached() -> bool:
+        sed = sed_of(tree, name)
+        seen[:] = [sed_load(tree, name), dict(sed.stats),
+                   tree.lt.call(lambda: {c.id: c.state.value for c in sed.calls.values()})]
+        return seen[0] == (running, waiting)
+    try:
+        wait_for(reached, timeout, f"{name} with {running} running and {waiting} waiting call(s)")
+    except Timeout as e:
+        raise Timeout(f"{e}; last seen (running, waiting) = {seen[0]}, SeD counters {seen[1]}, "
+                      f"calls {seen[2]}") from None
 
 
 def handle(name, server=None):

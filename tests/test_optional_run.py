@@ -142,3 +142,42 @@ def test_helpers():
     assert _classify(gridrpc.RemoteError("x")) == ("failed", False)
     with pytest.raises(ValueError):
         asyncio.run(run_optional(None, "s", [1], [], deadline=-0.5))
+
+
+class _Done:
+    """A finished call as :func:`_result` reads it (value or error)."""
+
+    def __init__(self, value=None, exc=None):
+        self._value, self._exc = value, exc
+        self.id, self.server, self.optional = "c", "s", True
+        self.timing = {"started": 1.0, "ended": 2.0}
+
+    def done(self):
+        return True
+
+    def exception(self, _timeout):
+        return self._exc
+
+    def result(self, _timeout):
+        return self._value
+
+
+def test_result_that_won_the_race_with_the_cancel_is_kept():
+    """At the deadline the run cancels what is outstanding; a call that had
+    already finished on its server still brings its result: the user gets it,
+    and the count agrees with the servers' events."""
+    from gridrpc.client.optional import _result
+    from gridrpc.core.dispatcher import Cancel, OptionalDispatcher, Submit
+
+    disp = OptionalDispatcher([1], itertools.repeat(2), 10.0, ["s1", "s2"])
+    subs = [a for a in disp.start(0.0) if isinstance(a, Submit)]
+    mand = next(a for a in subs if not a.optional)
+    disp.on_done(mand.key, True, 1.0)
+    cancels = [a for a in disp.on_tick(11.0) if isinstance(a, Cancel)]
+    assert cancels                                           # optional calls were outstanding
+    calls = {s.key: _Done(value=s.args) for s in subs}
+    lost = cancels[0].key
+    calls[lost] = _Done(exc=gridrpc.CallCancelled("cancelled"))   # this one really was cancelled
+    out = _result(None, disp, calls, 1, strict=True)
+    assert out.mandatory == [1]
+    assert len(out.optional) == len(cancels) - 1 and all(v == 2 for _, v in out.optional)

@@ -29,6 +29,7 @@ NA, NB = Srv("a", "tcp://a:1", False), Srv("b", "tcp://b:1", False)
 
 
 def disc(deadline=None, **policy) -> CallMachine:
+    policy.setdefault("backoff_jitter", 0.0)            # exact delays, except in the jitter test
     return CallMachine("svc", (), policy=CallPolicy(**policy), deadline=deadline, new_id=IdGenerator("t-"),
                        discover=True)
 
@@ -86,6 +87,19 @@ def test_backoff_is_capped_and_the_deadline_ends_retries_with_a_timeout_naming_t
     (fail,) = acts
     e = exc(fail)
     assert isinstance(e, Timeout) and "MA X rebuilding" in str(e)
+
+
+def test_backoff_jitter_spreads_clients_that_failed_together():
+    """Many clients meet a rebuilding MA at the same instant: their retries
+    are spread over [d (1 - jitter), d], not synchronized."""
+    retry_at = []
+    for _ in range(50):
+        mc = disc(backoff_jitter=0.5)
+        mc.handle(Start(), 0.0)
+        assert mc.handle(DiscoveryFailed("rebuilding", "MA rebuilding"), 0.0) == []
+        retry_at.append(mc.next_wakeup())
+    assert all(0.025 - 1e-9 <= t <= 0.05 + 1e-9 for t in retry_at)
+    assert len({round(t, 6) for t in retry_at}) > 10
 
 
 def test_without_deadline_the_retry_window_bounds_retries():

@@ -195,6 +195,10 @@ class CallDriver:
             h["sed"] = a.server
         else:
             h.pop("sed", None)
+        if a.start_now:
+            h["start_now"] = True
+        else:
+            h.pop("start_now", None)
         try:
             self.send(a.address, [m.dumps(h), *flight.buffers])
         except GridRPCError as exc:

@@ -273,8 +273,11 @@ def _result(client, disp: _Dispatcher, calls: dict[str, Call], n_mandatory: int,
             continue
         exc = call.exception(0)
         if rec.optional:
-            if exc is None and rec.status == "completed":
-                opt.append((rec.args, call.result(0), rec.ended or 0.0))
+            # a call the run was cancelling may still have finished first: its
+            # result arrived, the server did the work, so the user gets it
+            if exc is None:
+                ended = rec.ended or (call.timing or {}).get("ended") or 0.0
+                opt.append((rec.args, call.result(0), ended))
         else:
             i = int(rec.slot[1:])
             if exc is None:

@@ -37,6 +37,11 @@ Rules worth knowing:
   CALL again under the same id: a SeD answers a known id from its cache and
   never runs a call twice.
 - Failover only when ``policy.failover``; otherwise only the first candidate.
+- Late binding: a candidate the discovery answer showed free (a free slot,
+  nothing waiting) is sent the CALL with ``start_now`` when another candidate
+  shown free comes after it; a server that cannot start the call at once
+  answers ERROR ``busy`` without queueing it (its pushed state was stale), and
+  the next candidate is tried. The last one shown free queues as usual.
 - Every server given up on while it may still hold the call receives a
   CANCEL (not after its RESULT, ERROR or a PONG ``unknown``, nor when the
   CALL could not be sent).
@@ -96,7 +101,7 @@ __all__ = [
 
 
 _LIVE = (Phase.WAITING, Phase.RUNNING)
-_FAILOVER_WHILE_WAITING = frozenset({"no_server", "service_not_found", "communication"})
+_FAILOVER_WHILE_WAITING = frozenset({"no_server", "service_not_found", "communication", "busy"})
 _NOT_STARTED = frozenset({"queued"})
 
 
@@ -337,7 +342,10 @@ class CallMachine(Rediscovery):
         self.patience = 0.0
         self.server_state = None
         self.idempotent = getattr(c, "idempotent", True) is not False
-        return [SendCall(self.id, self.server, self.address)]
+        # late binding: a server the discovery saw free is asked to start the call at once or
+        # answer "busy" (its view was stale), while another candidate seen free is left to try
+        probe = _seen_free(c) and any(_seen_free(o) for o in self.candidates[i + 1:])
+        return [SendCall(self.id, self.server, self.address, probe)]
 
     def _leave(self, now: float, reason: str, *, cancel: bool, error: CallError | None = None) -> list:
         """Give the current server up: CANCEL it if it may hold the call, then
@@ -384,6 +392,17 @@ class CallMachine(Rediscovery):
     def _fail(self, error: CallError) -> list:
         self.phase = Phase.FAILED
         return [Fail(error)]
+
+
+def _seen_free(c: Any) -> bool:
+    """Whether the discovery answer showed server ``c`` with a free slot and
+    nothing waiting (its estimation's ``num_running``/``max_concurrent``/``num_waiting``)."""
+    est = getattr(c, "estimation", None)
+    if type(est) is not dict:
+        return False
+    running, slots, waiting = est.get("num_running"), est.get("max_concurrent"), est.get("num_waiting", 0)
+    return (type(running) is int and type(slots) is int and type(waiting) is int
+            and waiting == 0 and running < slots)
 
 
 _HANDLERS: dict[type, Callable[[CallMachine, Any, float], list]] = {

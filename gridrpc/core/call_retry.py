@@ -3,7 +3,9 @@
 A machine built with ``discover=True`` and no candidates asks the agents for
 them (a :class:`~gridrpc.core.call_types.Discover` action) and, on a
 transient failure, discovers again after an exponential backoff until the
-call's deadline (or ``policy.retry_timeout`` after the start); the servers
+call's deadline (or ``policy.retry_timeout`` after the start), each backoff
+shortened at random by up to ``policy.backoff_jitter`` (clients that failed
+together, e.g. when an MA died, do not come back together); the servers
 already given up on are left out of the next answer. The rules are drawn in
 :mod:`gridrpc.core.call`'s docstring.
 
@@ -14,9 +16,15 @@ CallMachine` inherits them (its ``__slots__`` hold the state used here:
 """
 from __future__ import annotations
 
+import random
+
 from .call_types import CallError, Discover, Discovered, DiscoveryFailed, Phase
 
 __all__ = ["TRANSIENT_KINDS", "Rediscovery"]
+
+#: the one source of randomness of the machine (backoff jitter; ``policy.backoff_jitter=0`` for none);
+#: a module-level generator keeps the machine free of I/O and seedable by tests
+_jitter = random.Random()
 
 #: discovery failures worth retrying: nothing is known to be wrong with the request
 TRANSIENT_KINDS = frozenset({"rebuilding", "communication", "no_server", "timeout"})
@@ -57,6 +65,8 @@ class Rediscovery:
         self.last_error = err
         pol = self.policy
         delay = min(pol.backoff_max, pol.backoff_initial * (2 ** max(0, self.discoveries - 1)))
+        if pol.backoff_jitter > 0:       # "equal jitter": a restarted MA is not met by a synchronized herd
+            delay *= 1.0 - min(1.0, pol.backoff_jitter) * _jitter.random()
         if not self.discover or now + delay >= self.retry_until:
             if self.deadline is not None and now + delay >= self.deadline:
                 return self._fail(self._retry_timeout_error())

@@ -43,6 +43,8 @@ class CallPolicy:
     retry_timeout: float = 10.0      # retry window of transient failures when the call has no deadline
     backoff_initial: float = 0.05
     backoff_max: float = 1.0
+    backoff_jitter: float = 0.5      # each backoff shortened by up to this fraction, at random:
+    #                                  clients that failed together do not retry together
 
 
 class Target(Protocol):
@@ -190,6 +192,7 @@ class SendCall:
     id: str
     server: str
     address: str
+    start_now: bool = False     # "run it now or answer busy": a probe of a server the view saw free
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,7 +258,7 @@ BY_TYPE: dict[str, tuple] = {
                          ("elements", False, *list_of(ELEMENT, MAX_ITEMS))),
     "call": _fields(("service", True, *SERVICE), ("args", True, *LIST), ("kwargs", True, *DICT),
                     ("sed", False, *NAME), ("user", False, *TEXT_SHORT), ("optional", False, *BOOL),
-                    ("keep", False, *KEEP)),
+                    ("keep", False, *KEEP), ("start_now", False, *BOOL)),
     "accepted": _fields(("sed", False, *NAME), ("duplicate", False, *BOOL),
                         ("patience", False, *number(0, 1e9)), ("state", False, *TEXT_SHORT),
                         ("idempotent", False, *BOOL)),

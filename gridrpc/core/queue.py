@@ -109,6 +109,11 @@ class SedScheduler:
     _in_submit_order: bool = True        # arrivals came with non-decreasing submit times
     _last_submitted: float = float("-inf")
 
+    def has_free_slot(self) -> bool:
+        """Would a request submitted now start at once (a free slot, nobody
+        waiting)? The SeD's answer to a CALL with ``start_now`` (late binding)."""
+        return len(self.requests) < self.max_concurrent
+
     # -- inputs ---------------------------------------------------------
     def submit(self, req: Request, now: float) -> list[Action]:
         """Add a request. The id of a request already here (waiting or

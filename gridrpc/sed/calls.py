@@ -53,6 +53,14 @@ class CallsMixin:
         self.stats["rejected"] += 1
         self.endpoint.send(route, m.error_header(cid, kind, message, **extra))
 
+    def _can_start_now(self, r) -> bool:
+        """Would a call admitted now start at once on replica ``r`` (a free
+        slot, nobody waiting)? Only local queues say no: a batch or cloud
+        back-end's own queue is not what the pushed view showed."""
+        if not getattr(self.execution, "push_estimation", False):
+            return True
+        return r.scheduler.has_free_slot()
+
     def _on_call(self, msg: Incoming) -> None:
         h, route, buffers = msg.header, msg.route, msg.buffers
         cid = h["id"]
@@ -87,6 +95,11 @@ class CallsMixin:
         refusal = self.access.check(svc.name, _user(msg), self._in_flight)
         if refusal is not None:
             return self._reject(route, cid, "refused", f"SeD {r.name}: {refusal}")
+        if h.get("start_now") is True and not self._can_start_now(r):
+            # the client's view saw this server free and has another candidate: never queue here
+            self.stats["busy"] += 1
+            return self.endpoint.send(route, m.error_header(
+                cid, "busy", f"SeD {r.name} has no free slot for {svc.name} now", type_="Busy"))
         ex = self.execution
         workdir = ex.new_workdir()
         try:

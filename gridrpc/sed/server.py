@@ -140,7 +140,7 @@ class SeD(CallsMixin):
         self._bg: set[asyncio.Task] = set()
         self.started = time.time()
         self.stats = {"calls": 0, "rejected": 0, "cancelled": 0, "preempted": 0, "orphans_killed": 0,
-                      "orphans_finished": 0}
+                      "orphans_finished": 0, "busy": 0}
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.access = access or OPEN    # who may call what, calls in flight per user (sed/access.py)
         self._in_flight: dict[str, int] = {}

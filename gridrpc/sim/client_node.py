@@ -16,10 +16,10 @@ __all__ = ["ClientNode", "User"]
 
 
 class _Target:
-    __slots__ = ("name", "address")
+    __slots__ = ("name", "address", "estimation")
 
-    def __init__(self, name: str, address: str) -> None:
-        self.name, self.address = name, address
+    def __init__(self, name: str, address: str, estimation: object = None) -> None:
+        self.name, self.address, self.estimation = name, address, estimation
 
 
 class User:
@@ -75,7 +75,7 @@ class User:
                 self.on_done(self, None)
             self.next_round(out)
             return
-        cands = [_Target(s["name"], s.get("address", "")) for s in h["servers"]]
+        cands = [_Target(s["name"], s.get("address", ""), s.get("estimation")) for s in h["servers"]]
         self.machine = cm.CallMachine(self.service, cands, policy=c.policy, new_id=c.new_id)
         self.t_call = now
         self._do(self.machine.handle(cm.Start(), now), out)
@@ -91,7 +91,8 @@ class User:
                 c.pending[a.id] = self
                 out.send(c.route, a.server.encode(), m.make(MsgType.CALL, a.id, sed=a.server, service=self.service,
                                                             args=[], kwargs={}, user=self.user,
-                                                            optional=self.optional))
+                                                            optional=self.optional,
+                                                            **({"start_now": True} if a.start_now else {})))
                 self.machine.handle(cm.CallSent(), c.world.sim.now)
             elif ta is cm.SendPing:
                 out.send(c.route, a.server.encode(), m.make(MsgType.PING, c.new_id(), ids=[a.id]))

@@ -152,6 +152,9 @@ class SedNode(Node):
             out.send(r.route, src, m.error_header(h["id"], "result_gone", "result dropped"))
             return
         sed = h.get("sed") if h.get("sed") in self.by_name else r.name
+        if h.get("start_now") is True and not self.by_name[sed].scheduler.has_free_slot():
+            out.send(r.route, src, m.error_header(h["id"], "busy", f"SeD {sed} has no free slot now"))
+            return
         call = CallRecord(id=h["id"], sed=sed, service=h["service"], user=h.get("user") or "anonymous",
                           optional=bool(h.get("optional")), received=now)
         call.route = src            # type: ignore[attr-defined]

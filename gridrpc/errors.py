@@ -119,7 +119,8 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "communication": CommunicationError,
     "server_lost": ServerLost,
     "rebuilding": NoServerAvailable,
-    "busy": NoServerAvailable,            # a CALL with start_now found no free slot (the client tries another)      # a restarted MA still rebuilding its tree (retried by clients)
+    "busy": NoServerAvailable,
+    "peer_unreachable": CommunicationError,   # federation: a peer site could not be asked (not retried)            # a CALL with start_now found no free slot (the client tries another)      # a restarted MA still rebuilding its tree (retried by clients)
     "timeout": Timeout,
 }
 

@@ -72,7 +72,12 @@ def add_daemon_parsers(sub) -> None:
                         "for this long, s (default hb-timeout + hb-interval)")
     p.add_argument("--peer", action="append", default=[], metavar="ADDR",
                    help="a federated master agent of another tree (repeatable): discoveries for services "
-                        "this tree lacks are forwarded there")
+                        "this tree lacks are forwarded there (docs/reliability.md, Federation)")
+    p.add_argument("--peer-key", action="append", default=[], metavar="KEY",
+                   help="with --secure: the public key of each --peer, in the same order (its element name "
+                        "in --keys, a .key file, or the key itself)")
+    p.add_argument("--peer-hops", type=int, default=2, metavar="N",
+                   help="how far a discovery may travel from peer to peer (default 2, at most 4)")
 
     p = sub.add_parser("la", help="run a Local Agent")
     _common_daemon(p, 0)
@@ -138,6 +143,24 @@ def _ready_writer(path: str | None):
     return ready
 
 
+def _peer_keys(security, peers: list[str], specs: list[str]) -> dict:
+    """--peer-key, one per --peer in order: an element name in the key
+    directory, a .key file, or the key itself."""
+    from ..errors import ConfigError
+    from ..transport.security import public_key_from
+    specs = [s.strip() for text in specs for s in text.split(",") if s.strip()]
+    if len(specs) != len(peers):
+        raise ConfigError(f"--secure with {len(peers)} --peer needs as many --peer-key (got {len(specs)}), "
+                          "in the same order")
+    keys = {}
+    for addr, spec in zip(peers, specs):
+        try:
+            keys[addr] = security.keys.public(spec, "element")
+        except ConfigError:
+            keys[addr] = public_key_from(spec)
+    return keys
+
+
 def cmd_daemon(a: argparse.Namespace) -> int:
     from .._run import run_daemon
     from ..errors import ConfigError, GridRPCError
@@ -153,6 +176,10 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         if a.cmd == "ma":
             from ..master_agent import MasterAgent
             peers = [p for text in a.peer for p in parse_addresses(text, what="--peer")]
+            if not 0 <= a.peer_hops <= 4:
+                raise ConfigError(f"--peer-hops must be 0..4, not {a.peer_hops}")
+            if "security" in hb:
+                hb["peer_keys"] = _peer_keys(hb["security"], peers, a.peer_key)
             token = None
             if a.http_token_file:
                 try:
@@ -163,7 +190,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                     raise ConfigError(f"the HTTP token in {a.http_token_file} is too short (16 characters at least)")
             d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host,
                             http_token=token, events_file=a.events_file,
-                            rebuild_time=a.rebuild_time, peers=peers, **hb)
+                            rebuild_time=a.rebuild_time, peers=peers, peer_hops=a.peer_hops, **hb)
         elif a.cmd == "la":
             if not parent:
                 print("gridrpc la: error: --parent is required", file=sys.stderr)

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from . import messages as m
 from .agent_catalogue import AgentStatistics, Catalogue, _Counters
 from .agent_discovery import Discovering, group_by_process
-from .agent_events import (ChildLost, ChildrenUpdated, FromParent, Received, Rejected, Send, SendFailed,
-                           SendParent, Tick)
+from .agent_events import (ChildLost, ChildrenUpdated, FromParent, FromPeer, PeerUnreachable, Received, Rejected,
+                           Send, SendFailed, SendParent, SendPeer, Tick)
+from .agent_federation import Federating
 from .agent_roles import (CHILD_MARGIN_MS, CHILD_SHARE, MAX_BUDGET_S, MIN_BUDGET_S, MIN_CHILD_BUDGET_MS,
                           LocalRole, MasterRole, Role, child_budget_ms, discovery_budget)
 from .discovery import DiscoveryTable, Done
@@ -81,9 +82,11 @@ class AgentConfig:
     silent_probe: float = 1.0       # a child that missed its deadline is left out of view answers this long
     rebuild_time: float | None = None   # root: "rebuilding" instead of service_not_found this long after
                                         # start (None: hb_timeout + hb_interval, every child is back by then)
+    peers: tuple[str, ...] = ()     # root: peer master agents of other trees (core/agent_federation.py)
+    peer_hops: int = 2              # how far a discovery may travel from peer to peer
 
 
-class AgentState(Discovering, Catalogue):
+class AgentState(Discovering, Federating, Catalogue):
     """One agent's state. ``info``: its own element info (kind, address,
     host, pid, started), shown in the tree and sent to the parent; the
     runtime fills it once bound."""
@@ -108,6 +111,7 @@ class AgentState(Discovering, Catalogue):
         self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
         self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
         self._rebuild_until: float | None = None     # set at the first event: start + rebuild time
+        self._forwarded: dict = {}                   # federated discovery id -> what its answer needs
         self._on_peer = {
             MsgType.VIEW: self._on_view,
             MsgType.DISCOVER: self._on_discover, MsgType.SERVERS: self._on_servers,
@@ -142,6 +146,10 @@ class AgentState(Discovering, Catalogue):
             return self._from_parent(event, now)
         if t is SendFailed:
             return self._send_failed(event.send, now)
+        if t is FromPeer:
+            return self._from_peer(event, now)
+        if t is PeerUnreachable:
+            return self._peer_unreachable(event.peer, event.id, now)
         if t is Rejected:
             self.counters.bad_messages += 1
             return []
@@ -242,6 +250,7 @@ class AgentState(Discovering, Catalogue):
 
 
 __all__ = ["CHILD_MARGIN_MS", "CHILD_SHARE", "MAX_BUDGET_S", "MIN_BUDGET_S", "MIN_CHILD_BUDGET_MS", "Done",
-           "AgentConfig", "AgentState", "AgentStatistics", "ChildLost", "ChildrenUpdated", "FromParent",
+           "AgentConfig", "AgentState", "AgentStatistics", "ChildLost", "ChildrenUpdated", "FromParent", "FromPeer",
+           "PeerUnreachable", "SendPeer",
            "LocalRole", "MasterRole", "Received", "Rejected", "Role", "Send", "SendFailed", "SendParent",
            "Tick", "child_budget_ms", "discovery_budget", "group_by_process"]

@@ -31,6 +31,7 @@ class AgentStatistics:
     view_answers: int = 0           # discoveries answered from the pushed view (no fan-out)
     view_snapshots: int = 0         # SeD snapshots in the view
     view_updates: int = 0           # snapshots received
+    forwarded: int = 0              # discoveries forwarded to peer master agents (federation)
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -45,6 +46,7 @@ class _Counters:
     answers_ignored: int = 0
     children_lost: int = 0
     view_answers: int = 0
+    forwarded: int = 0
 
 
 class Catalogue:
@@ -105,4 +107,5 @@ class Catalogue:
             discoveries_timed_out=c.discoveries_timed_out, discoveries_refused=c.discoveries_refused,
             bad_messages=c.bad_messages,
             answers_ignored=c.answers_ignored, children_lost=c.children_lost, view_answers=c.view_answers,
-            view_snapshots=len(self.view.seds), view_updates=self.view.updates)
+            view_snapshots=len(self.view.seds), view_updates=self.view.updates,
+            forwarded=c.forwarded)

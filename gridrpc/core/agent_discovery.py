@@ -19,6 +19,7 @@ import logging
 
 from . import messages as m
 from .agent_events import FromParent, Send, SendParent
+from .agent_federation import PEER_PREFIX
 from .agent_roles import MIN_BUDGET_S, child_budget_ms, discovery_budget
 from .aggregators import make_aggregator
 from .discovery import Done
@@ -122,7 +123,7 @@ class Discovering:
             return [Send(peer, m.error_header(
                 h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from this "
                 f"connection (limit max_discoveries_per_peer={self.config.max_discoveries_per_peer})"))]
-        return self._discover(h, ("peer", peer), now)
+        return self._discover(h, ("peer", peer), now, user)
 
     def _from_parent(self, ev: FromParent, now: float) -> list:
         if ev.type is MsgType.DISCOVER:
@@ -131,7 +132,7 @@ class Discovering:
             return [SendParent(m.make(MsgType.PONG, ev.header["id"], name=self.name))]
         return []
 
-    def _discover(self, h: dict, reply_to: tuple, now: float) -> list:
+    def _discover(self, h: dict, reply_to: tuple, now: float, user: str | None = None) -> list:
         self.counters.discoveries += 1
         rid, service = h["id"], h["service"]
         k = max(0, min(h["k"], MAX_K))
@@ -145,11 +146,15 @@ class Discovering:
         except ValueError as exc:
             return [self._to(reply_to, m.error_header(rid, "invalid_argument", str(exc)))]
         children = self.registry.offering(service)
+        budget = discovery_budget(h.get("budget_ms"), self.config.discovery_budget)
         if not children:
             if self.role.root and self.rebuilding(now):
                 return [self._to(reply_to, m.error_header(
                     rid, "rebuilding", f"master agent {self.name} started recently and is rebuilding its "
                     f"tree: {service!r} may be offered once its children are back (retry)"))]
+            federated = self._federate(h, reply_to, service, k, agg, budget, now, user)
+            if federated is not None:
+                return federated
             err = self.role.no_offer(rid, service)
             if err is not None:
                 return [self._to(reply_to, err)]
@@ -157,7 +162,6 @@ class Discovering:
             header = self._view_answer(h, service, k, agg, now)
             if header is not None:
                 return [self._to(reply_to, header)]
-        budget = discovery_budget(h.get("budget_ms"), self.config.discovery_budget)
         budget = max(MIN_BUDGET_S, self.latency.deadline(children, budget))   # a silent child costs ms
         self._seq += 1
         fid = f"{self.name}:{self._seq}"
@@ -226,10 +230,13 @@ class Discovering:
             self.counters.discoveries_timed_out += 1
             if now is not None:
                 for n in done.timed_out:
-                    self.latency.miss(n, now)
+                    if not n.startswith(PEER_PREFIX):
+                        self.latency.miss(n, now)
             log.info("%s: discovery %s for %s: no answer in time from %s", self.name, rid, service,
                      ", ".join(done.timed_out))
-        header = self.role.finished(rid, service, k, done)
+        header = self._federated_answer(done, rid, service) if done.id in self._forwarded else None
+        if header is None:
+            header = self.role.finished(rid, service, k, done)
         if header is None:
             header = m.make(MsgType.SERVERS, rid, name=self.name, servers=done.servers,
                             answered=done.answered, timed_out=done.timed_out)

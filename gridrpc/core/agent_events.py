@@ -28,6 +28,22 @@ class FromParent:
 
 
 @dataclass(frozen=True, slots=True)
+class FromPeer:
+    """A validated answer (SERVERS or ERROR) from a peer master agent to a
+    discovery this agent forwarded (federation, :mod:`gridrpc.core.agent_federation`)."""
+    peer: str                       # the peer as configured (its address)
+    type: MsgType
+    header: dict
+
+
+@dataclass(frozen=True, slots=True)
+class PeerUnreachable:
+    """A :class:`SendPeer` could not be delivered (no connection to the peer)."""
+    peer: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: expire discoveries past their deadline and children silent
     past the heartbeat timeout. ``wall``: the wall-clock time at ``now`` (unix
@@ -59,6 +75,14 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class SendParent:
+    header: dict
+
+
+@dataclass(frozen=True, slots=True)
+class SendPeer:
+    """Send ``header`` (a forwarded DISCOVER) to a peer master agent; report a
+    failed delivery with :class:`PeerUnreachable`."""
+    peer: str
     header: dict
 
 

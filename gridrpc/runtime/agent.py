@@ -26,7 +26,8 @@ import time
 from typing import Mapping
 
 from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
-                          Received, Rejected, Role, Send, SendFailed, SendParent, Tick, group_by_process)
+                          Received, Rejected, Role, Send, SendFailed, SendParent, SendPeer, Tick,
+                          group_by_process)
 from ..core.events import EventOutbox
 from ..core.messages import MsgType
 from ..transport.events_up import EventsUplink
@@ -34,6 +35,7 @@ from ..transport.channel import host_of
 from ..transport.endpoint import DEFAULT_MAX_MESSAGE, Endpoint, Incoming
 from ..transport.parent_link import ParentLink, parent_link
 from ..transport.security import Security
+from .federation import PeerLinks
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ class AgentRuntime:
                  seed: int | None = None, socket_options: Mapping[int, object] | None = None,
                  security: Security | None = None, parent_key: bytes | list | None = None,
                  max_message_size: int = DEFAULT_MAX_MESSAGE,
-                 rebuild_time: float | None = None, peers: list[str] | tuple[str, ...] = ()) -> None:
+                 rebuild_time: float | None = None, peers: list[str] | tuple[str, ...] = (),
+                 peer_keys: Mapping[str, bytes] | None = None, peer_hops: int = 2) -> None:
         self.name = name
         self.security = security
         self.parent_key = parent_key
@@ -57,7 +60,8 @@ class AgentRuntime:
         self.orphan_timeout = orphan_timeout
         self.state = AgentState(
             AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
-                        discovery_budget=discovery_budget, rebuild_time=rebuild_time),
+                        discovery_budget=discovery_budget, rebuild_time=rebuild_time,
+                        peers=tuple(peers) if (role is not None and role.root) else (), peer_hops=peer_hops),
             role or LocalRole(), random.Random(seed))
         handle = self._on_message
         self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},
@@ -71,7 +75,10 @@ class AgentRuntime:
         self.address: str | None = None
         self.link: ParentLink | None = None
         self.peers = list(peers)            # federated MAs of other trees (gridrpc.runtime.federation)
-        self.federation = None
+        self.federation: PeerLinks | None = None
+        if self.state.config.peers:
+            self.federation = PeerLinks(name, self.peers, self._feed, security=security, peer_keys=peer_keys,
+                                        max_message_size=max_message_size)
         self.started = time.time()
         self.closed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -127,6 +134,8 @@ class AgentRuntime:
         if self.link is not None:
             self.uplink = EventsUplink(self.name, self.outbox, self.link.send)
             self.uplink.start()
+        if self.federation is not None:
+            self.federation.start()
         self._tick()
         log.info("%s (%s) listening on %s%s", self.name, self.kind, self.address,
                  f", parent {self.parent}" if self.parent else "")
@@ -147,6 +156,8 @@ class AgentRuntime:
             await self.uplink.aclose()
         if self.link:
             await self.link.aclose()
+        if self.federation is not None:
+            self.federation.close()
         self.endpoint.close()
         self.closed.set()
 
@@ -163,6 +174,10 @@ class AgentRuntime:
 
     def _heartbeat_info(self) -> dict:
         return self.state.heartbeat_info(time.monotonic(), time.time())
+
+    def _feed(self, event: object) -> None:
+        """An event from the peer links (federation)."""
+        self._run(self.state.handle(event, time.monotonic()))
 
     def _on_parent(self, mt: MsgType, h: dict, frames: list) -> None:
         self._run(self.state.handle(FromParent(mt, h), time.monotonic()))
@@ -204,6 +219,9 @@ class AgentRuntime:
             elif t is SendParent:
                 if self.link is not None:
                     self.link.send(a.header)
+            elif t is SendPeer:
+                if self.federation is not None:
+                    self.federation.send(a.peer, a.header)
             elif t is ChildrenUpdated:
                 self.on_children_updated(a.reregister)
             elif t is ChildLost:

@@ -280,28 +280,43 @@ FREE = {"num_running": 0, "max_concurrent": 1, "num_waiting": 0}
 BUSY = {"num_running": 1, "max_concurrent": 1, "num_waiting": 0}
 
 
-def test_late_binding_probes_servers_seen_free_and_moves_on_busy():
-    """A server the view saw free gets ``start_now`` while another seen free
-    follows; its ``busy`` answer (nothing queued there) moves the call on,
-    without a CANCEL; the last server seen free queues as usual."""
+def test_late_binding_probes_while_the_view_was_wrong_and_moves_on_busy():
+    """The best server was shown free: it gets ``start_now``; its ``busy``
+    answer (nothing queued there) moves the call on, without a CANCEL, and
+    the next candidate is probed too."""
     cands = [Est("a", "tcp://a:1", FREE), Est("b", "tcp://b:1", FREE), Est("c", "tcp://c:1", BUSY)]
     mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"))
     assert mc.handle(Start(), 0.0) == [SendCall("t-1", "a", "tcp://a:1", True)]
-    busy = {"kind": "busy", "message": "SeD a has no free slot for add now"}
+    busy = {"kind": "busy", "message": "SeD a has no free slot for add now", "est_wait": 3.0}
     acts = mc.handle(Error("t-1", busy, server="a"), 0.001)
     assert [type(a) for a in acts] == [FailOver, SendCall]           # no SendCancel: nothing queued on a
-    assert acts[1] == SendCall("t-2", "b", "tcp://b:1", False)       # no other server seen free: may queue
+    assert acts[1] == SendCall("t-2", "b", "tcp://b:1", True)
     assert mc.handle(Result("t-2", 5, {}, "b"), 0.01) == [Done(5, "b", {})]
 
 
+def test_every_candidate_busy_queues_where_the_wait_is_shortest():
+    cands = [Est(n, f"tcp://{n}:1", FREE) for n in "abc"]
+    mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"))
+    mc.handle(Start(), 0.0)
+    for i, (name, wait) in enumerate([("a", 5.0), ("b", 0.5), ("c", "x")]):    # c: a malformed wait
+        acts = mc.handle(Error(f"t-{i + 1}", {"kind": "busy", "message": "full", "est_wait": wait}, server=name),
+                         0.01 * (i + 1))
+    assert acts[-1] == SendCall("t-4", "b", "tcp://b:1", False)     # queued (no probe) on the shortest wait
+    # a busy answer to a call that was not a probe is an ordinary failover, never a loop
+    acts = mc.handle(Error("t-4", {"kind": "busy", "message": "full"}, server="b"), 0.05)
+    assert acts[-1] == SendCall("t-5", "c", "tcp://c:1", False)
+    acts = mc.handle(Error("t-5", {"kind": "busy", "message": "full"}, server="c"), 0.06)
+    assert isinstance(acts[-1], Fail)
+
+
 @pytest.mark.parametrize("ests", [
-    [FREE, BUSY, BUSY],                                   # nobody else seen free: queue on the best
-    [BUSY, FREE, FREE],                                   # the best was seen busy: no probe
+    [BUSY, FREE, FREE],                                   # the best was seen busy: the view is believed
     [{"num_running": 0, "max_concurrent": 1, "num_waiting": 2}, FREE],    # waiting calls: not free
     [{"num_running": "0", "max_concurrent": 1}, FREE],   # malformed tags are not trusted
     [None, FREE],                                         # no estimation (a bound server)
+    [FREE],                                               # nobody else to go to
 ])
-def test_no_probe_unless_two_servers_were_seen_free(ests):
+def test_no_probe_unless_the_best_was_seen_free_and_there_are_others(ests):
     cands = [Est(n, f"tcp://{n}:1", e) for n, e in zip("abc", ests)]
     mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"))
     assert mc.handle(Start(), 0.0) == [SendCall("t-1", "a", "tcp://a:1", False)]
@@ -419,3 +434,11 @@ def test_invariants(n, failover, deadline, events):
     run.run_out()                       # left alone, every call ends
     run.check_cancels()
     assert math.isfinite(run.now)
+
+
+def test_no_late_binding_for_a_call_on_data_references():
+    """Where the data is was the discovery's choice: such a call is not
+    moved off a busy holder by a probe (the client builds it with late_binding=False)."""
+    cands = [Est(n, f"tcp://{n}:1", FREE) for n in "ab"]
+    mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"), late_binding=False)
+    assert mc.handle(Start(), 0.0) == [SendCall("t-1", "a", "tcp://a:1", False)]

@@ -223,7 +223,8 @@ def naive(items, now, log):
             if ev.kind in TERMINAL:
                 users[u] = users.get(u, 0.0) + (ev.duration or 0.0)
     total = sum(users.values())
-    sats = {u: users.get(u, 0.0) / (total / len(active)) for u in active} if total > 0 else {}
+    fair = total / len(active) if active and total > 0 else 0.0       # 0.0: underflow of tiny durations
+    sats = {u: users.get(u, 0.0) / fair for u in active} if fair > 0 else {}
     cum = {}
     for ev, _ in items:
         if ev.kind in TERMINAL:

@@ -196,7 +196,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         if keep is not None:
             header["keep"] = keep
         machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id,
-                              discover=discover)
+                              discover=discover, late_binding=not light)    # data refs: locality decides
         flight = call._flight = self._driver.launch(machine, header, buffers, call)
         try:
             outcome = await flight.waiter

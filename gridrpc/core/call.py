@@ -37,11 +37,14 @@ Rules worth knowing:
   CALL again under the same id: a SeD answers a known id from its cache and
   never runs a call twice.
 - Failover only when ``policy.failover``; otherwise only the first candidate.
-- Late binding: a candidate the discovery answer showed free (a free slot,
-  nothing waiting) is sent the CALL with ``start_now`` when another candidate
-  shown free comes after it; a server that cannot start the call at once
-  answers ERROR ``busy`` without queueing it (its pushed state was stale), and
-  the next candidate is tried. The last one shown free queues as usual.
+- Late binding: when the discovery answer showed the first candidate free (a
+  free slot, nothing waiting) and there are others, each candidate in turn is
+  sent the CALL with ``start_now``; a server that cannot start the call at
+  once answers ERROR ``busy`` (with its ``est_wait``) without queueing it
+  (the pushed state was stale), and the next candidate is tried. When every
+  candidate was busy, the call is queued (no ``start_now``) on the one that
+  announced the shortest wait. A ``busy`` to a CALL that was not a probe is
+  an ordinary failover.
 - Every server given up on while it may still hold the call receives a
   CANCEL (not after its RESULT, ERROR or a PONG ``unknown``, nor when the
   CALL could not be sent).
@@ -116,11 +119,12 @@ class CallMachine(Rediscovery):
     __slots__ = ("service", "candidates", "policy", "deadline", "new_id", "noun", "phase", "index", "id",
                  "server", "address", "attempts", "sent_at", "last_news", "last_ping", "patience",
                  "cancel_at", "failures", "now", "discover", "discoveries", "retry_at", "retry_until",
-                 "excluded", "last_error", "idempotent", "server_state")
+                 "excluded", "last_error", "idempotent", "server_state", "probing", "probed", "busy_waits",
+                 "late_binding")
 
     def __init__(self, service: str, candidates: Sequence[Target] = (), *, policy: CallPolicy,
                  deadline: float | None = None, new_id: Callable[[], str], noun: str = "server",
-                 discover: bool = False) -> None:
+                 discover: bool = False, late_binding: bool = True) -> None:
         self.service = service
         self.candidates = tuple(candidates) if policy.failover else tuple(candidates)[:1]
         self.discover = discover            # candidates come from Discover actions (retries possible)
@@ -131,6 +135,10 @@ class CallMachine(Rediscovery):
         self.last_error: CallError | None = None
         self.idempotent = True              # what the current server says of the service
         self.server_state: str | None = None  # the call's state on the current server, as last heard
+        self.late_binding = late_binding    # False: a call on data references (where the data is decides)
+        self.probing = False                # late binding: candidates are asked "start now or say busy"
+        self.probed = False                 # the current attempt was such a probe
+        self.busy_waits: dict[int, float] = {}  # candidate index -> the wait it announced when busy
         self.policy = policy
         self.deadline = deadline
         self.new_id = new_id
@@ -261,6 +269,8 @@ class CallMachine(Rediscovery):
         kind = kind if type(kind) is str else "remote"
         err = CallError(kind=kind, message=str(wire.get("message", "")), server=ev.server or self.server,
                         wire=wire, timing=ev.timing or {}, reply=ev.reply)
+        if kind == "busy" and self.phase is Phase.WAITING and self.probed:
+            return self._busy(wire, now)
         if self.phase is Phase.WAITING and kind in _FAILOVER_WHILE_WAITING:
             return self._leave(now, err.message, cancel=False, error=None if kind == "communication" else err)
         if self.phase is Phase.RUNNING and kind == "communication":
@@ -330,7 +340,25 @@ class CallMachine(Rediscovery):
         running, or the CALL went out and the state is unknown."""
         return self.server_state not in _NOT_STARTED
 
-    def _send_to(self, i: int, now: float) -> list:
+    def _busy(self, wire: dict, now: float) -> list:
+        """A probed server cannot start the call now (nothing was queued
+        there): the next candidate, probed too; when every one was busy,
+        queue on the one that announced the shortest wait."""
+        w = wire.get("est_wait")
+        self.busy_waits[self.index] = (float(w) if type(w) in (int, float) and math.isfinite(w) and w >= 0
+                                       else math.inf)
+        self.failures.append(f"{self.server}: busy")
+        if self.deadline is not None and now >= self.deadline:
+            return self._fail(self._timeout_error())
+        nxt = self.index + 1
+        if nxt < len(self.candidates):
+            return [FailOver(self.id, self.server, "busy", self.candidates[nxt].name)] + self._send_to(nxt, now)
+        best = min(self.busy_waits, key=lambda i: (self.busy_waits[i], i))
+        self.probing = False                # from here on an ordinary call: failover only moves forward
+        return ([FailOver(self.id, self.server, "every candidate busy: queueing where the wait is shortest",
+                          self.candidates[best].name)] + self._send_to(best, now, probe=False))
+
+    def _send_to(self, i: int, now: float, probe: bool | None = None) -> list:
         c = self.candidates[i]
         self.index = i
         self.id = self.new_id()
@@ -342,10 +370,13 @@ class CallMachine(Rediscovery):
         self.patience = 0.0
         self.server_state = None
         self.idempotent = getattr(c, "idempotent", True) is not False
-        # late binding: a server the discovery saw free is asked to start the call at once or
-        # answer "busy" (its view was stale), while another candidate seen free is left to try
-        probe = _seen_free(c) and any(_seen_free(o) for o in self.candidates[i + 1:])
-        return [SendCall(self.id, self.server, self.address, probe)]
+        # late binding: when the discovery saw the best server free, every candidate is asked to
+        # start the call at once or answer "busy" (the view was stale); see _busy
+        if i == 0 and probe is None:
+            self.probing = self.late_binding and len(self.candidates) > 1 and _seen_free(c)
+            self.busy_waits = {}
+        self.probed = self.probing if probe is None else probe
+        return [SendCall(self.id, self.server, self.address, self.probed)]
 
     def _leave(self, now: float, reason: str, *, cancel: bool, error: CallError | None = None) -> list:
         """Give the current server up: CANCEL it if it may hold the call, then

@@ -96,10 +96,11 @@ class CallsMixin:
         if refusal is not None:
             return self._reject(route, cid, "refused", f"SeD {r.name}: {refusal}")
         if h.get("start_now") is True and not self._can_start_now(r):
-            # the client's view saw this server free and has another candidate: never queue here
+            # the client's view saw this server free and has other candidates: never queue here
             self.stats["busy"] += 1
-            return self.endpoint.send(route, m.error_header(
-                cid, "busy", f"SeD {r.name} has no free slot for {svc.name} now", type_="Busy"))
+            err = m.error_header(cid, "busy", f"SeD {r.name} has no free slot for {svc.name} now", type_="Busy")
+            err["error"]["est_wait"] = self.execution.estimate(r, svc, _user(msg), time.time()).get("est_wait", 0.0)
+            return self.endpoint.send(route, err)
         ex = self.execution
         workdir = ex.new_workdir()
         try:

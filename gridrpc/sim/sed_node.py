@@ -153,7 +153,9 @@ class SedNode(Node):
             return
         sed = h.get("sed") if h.get("sed") in self.by_name else r.name
         if h.get("start_now") is True and not self.by_name[sed].scheduler.has_free_slot():
-            out.send(r.route, src, m.error_header(h["id"], "busy", f"SeD {sed} has no free slot now"))
+            err = m.error_header(h["id"], "busy", f"SeD {sed} has no free slot now")
+            err["error"]["est_wait"] = self.estimate(self.by_name[sed], h["service"], now).get("est_wait", 0.0)
+            out.send(r.route, src, err)
             return
         call = CallRecord(id=h["id"], sed=sed, service=h["service"], user=h.get("user") or "anonymous",
                           optional=bool(h.get("optional")), received=now)

@@ -78,6 +78,24 @@ def test_missing_or_stale_snapshot_falls_back_to_fanout():
     assert answered_from_view(discover(s, 2.1, rid="d4"))          # a heartbeat confirms the snapshot
 
 
+def test_a_silent_sed_is_left_out_of_view_answers_not_a_reason_to_fan_out():
+    """A SeD that pushed, then went silent (frozen, cut off) past the
+    agent's bound is left out, as the fan-out would leave it out at its
+    deadline: the others are still answered in one hop (before, every
+    discovery fanned out and waited for it until its parent dropped it)."""
+    s = ma()
+    for n in ("sed-1", "sed-2"):
+        register(s, n)
+        push(s, n, {"add": vec()}, 0.0)
+    hb = m.make(MsgType.HEARTBEAT, "hb", name="sed-1")
+    s.handle(Received(b"sed-1", MsgType.HEARTBEAT, hb), 1.9)           # sed-2 says nothing
+    out = discover(s, 2.0)
+    assert answered_from_view(out)
+    assert [x["name"] for x in out[0].header["servers"]] == ["sed-1"]
+    # a request asking for fresher state than the heartbeats give is not answered from a subset
+    assert not answered_from_view(discover(s, 2.0, rid="d2", max_age_ms=50))
+
+
 def test_request_freshness_bound_and_zero_forces_fanout():
     s = ma()
     register(s, "sed-1")

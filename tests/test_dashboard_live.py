@@ -24,8 +24,10 @@ def test_dashboard_of_a_real_tree_under_locust_load():
     from playwright.sync_api import sync_playwright
     with LocalTree(las=2, seds_per_la=2, http=True) as t:
         url = t.http_url
-        load = subprocess.Popen([sys.executable, "-m", "gridrpc", "loadtest", t.ma_address, "-u", "8", "-t", "25s",
-                                 "-n", "4000", "--mix", "add:4,echo:1"],
+        # paced (--wait) so that the load still runs when a slow browser (a loaded CI host) looks:
+        # unpaced, 4,000 requests could be over before the page is up, and the rate back at 0
+        load = subprocess.Popen([sys.executable, "-m", "gridrpc", "loadtest", t.ma_address, "-u", "8", "-t", "40s",
+                                 "-n", "4000", "--wait", "0.05", "--mix", "add:4,echo:1"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             with sync_playwright() as p:

@@ -133,8 +133,8 @@ class CallDriver:
                 elif t is FailOver:
                     if self.flights.get(a.id) is flight:
                         del self.flights[a.id]
-                    log.warning("%s: call %s of %s: %s %s; trying %s", self.name, a.id, machine.service,
-                                a.server, a.reason, a.next_server)
+                    log.log(logging.DEBUG if a.routine else logging.WARNING, "%s: call %s of %s: %s %s; trying %s",
+                            self.name, a.id, machine.service, a.server, a.reason, a.next_server)
                 else:                                   # Done / Fail
                     self._forget(flight)
                     self._disarm(flight)

@@ -101,7 +101,8 @@ class Discovering:
         if not expected:
             return None
         skip = self.latency.silent(now - self.config.silent_probe) if self.latency.missed else frozenset()
-        servers = candidates(self.view, expected, service, now, max_age, skip)
+        servers = candidates(self.view, expected, service, now, max_age, skip,
+                             silent_after=max(max_age, self.config.view_max_age))
         if not servers:
             return None
         servers = self.discoveries.with_recent_since(servers, now)

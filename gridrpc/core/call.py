@@ -352,11 +352,11 @@ class CallMachine(Rediscovery):
             return self._fail(self._timeout_error())
         nxt = self.index + 1
         if nxt < len(self.candidates):
-            return [FailOver(self.id, self.server, "busy", self.candidates[nxt].name)] + self._send_to(nxt, now)
+            return [FailOver(self.id, self.server, "busy", self.candidates[nxt].name, True)] + self._send_to(nxt, now)
         best = min(self.busy_waits, key=lambda i: (self.busy_waits[i], i))
         self.probing = False                # from here on an ordinary call: failover only moves forward
         return ([FailOver(self.id, self.server, "every candidate busy: queueing where the wait is shortest",
-                          self.candidates[best].name)] + self._send_to(best, now, probe=False))
+                          self.candidates[best].name, True)] + self._send_to(best, now, probe=False))
 
     def _send_to(self, i: int, now: float, probe: bool | None = None) -> list:
         c = self.candidates[i]

@@ -217,6 +217,7 @@ class FailOver:
     server: str
     reason: str
     next_server: str
+    routine: bool = False       # late binding moving on from a busy server: not worth a warning
 
 
 @dataclass(frozen=True, slots=True)

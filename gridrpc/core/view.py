@@ -12,9 +12,11 @@ Master Agent's inbound rate grows with the number of its children, not of
 the SeDs. Ages travel, never clocks: a snapshot carries ``age_ms`` and each
 agent dates it in its own clock on receipt.
 
-The Master Agent answers a discovery from the view (:func:`view_answer`)
+The Master Agent answers a discovery from the view (:func:`candidates`)
 when every SeD of the subtree offering the service has a snapshot fresher
-than the bound (the request's ``max_age_ms`` or the agent's default); a
+than the bound (the request's ``max_age_ms`` or the agent's default); SeDs
+silent for longer than the agent's bound are left out (as a fan-out would
+leave them out at their deadline); a
 service whose estimation depends on the request's arguments is never
 pushed, so it always falls back to the fan-out. The answer is ranked by the
 same aggregator as a fan-out; then near-equal candidates at the top are
@@ -192,10 +194,16 @@ class SubtreeView:
 
 
 def candidates(view: SubtreeView, expected: dict, service: str, now: float, max_age: float,
-               skip: frozenset | set = frozenset()) -> list[dict] | None:
+               skip: frozenset | set = frozenset(), silent_after: float | None = None) -> list[dict] | None:
     """Servers for ``service`` from the view, as a fan-out would collect
     them (``{name, address, estimation}``, ages applied to the time tags),
-    or None when a SeD of the subtree offering it has no fresh snapshot.
+    or None when a SeD of the subtree offering it has no snapshot fresher
+    than ``max_age`` (or none is left). A SeD that pushed, then fell silent
+    for longer than ``silent_after`` (no push, no heartbeat: frozen, dead, cut
+    off; the agent's own freshness bound) is left out, as the fan-out would
+    leave it out at its deadline -- so a silent SeD costs a view answer
+    nothing, instead of turning every discovery into a fan-out that waits
+    for it until its parent drops it.
     ``expected``: SeD name -> (address, via child) of those offering it (from
     the registry, never from a push); ``skip``: children known silent, left
     out as a fan-out would leave them out at their deadline."""
@@ -204,7 +212,14 @@ def candidates(view: SubtreeView, expected: dict, service: str, now: float, max_
     for name, (address, via) in expected.items():
         s = seds.get(name)
         est = s.vector(service) if s is not None and s.via == via else None
-        if est is None or now - s.seen > max_age:
+        if est is None:                         # never pushed (or not pushable): the fan-out asks it
+            if via in skip:
+                continue
+            return None
+        silent = now - s.seen
+        if silent_after is not None and silent > silent_after:
+            continue                            # silent: left out, as the fan-out would at its deadline
+        if silent > max_age:                    # not fresh enough for this request: the fan-out asks
             if via in skip:
                 continue
             return None
@@ -218,7 +233,7 @@ def candidates(view: SubtreeView, expected: dict, service: str, now: float, max_
             if type(w) in (int, float):
                 est["est_wait"] = max(0.0, w - age)
         out.append({"name": name, "address": address, "estimation": est, "_at": s.at})
-    return out
+    return out or None
 
 
 def _age(age_ms: object) -> float:

@@ -243,3 +243,7 @@ class StartUp:
 
     def _owner(self, name: str) -> str:
         """The element (process) a registered name belongs to (replicas: NAME-i)."""
+        for e in self.spec.elements:
+            if name == e.name or name in replica_names(e):
+                return e.name
+        return name

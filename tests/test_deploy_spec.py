@@ -55,7 +55,7 @@ def test_good_file_loads(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "deployments").glob("*.yaml")))
 def test_every_shipped_file_still_loads(name):
     spec = load(REPO / "deployments" / f"{name}.yaml")
-    assert spec.ma.name == "MA"
+    assert [m.name for m in spec.mas] == (["MA1", "MA2"] if name == "two-mas" else ["MA"])
 
 
 def test_bad_port_names_file_line_and_field(tmp_path):
@@ -177,3 +177,144 @@ def test_state_round_trip_keeps_the_raw_spec(tmp_path):
     spec = load(write(tmp_path, GOOD))
     again = parse(json.loads(json.dumps(spec.raw)), name=spec.name)
     assert again.elements == spec.elements
+
+
+# -- several master agents, federation peers ---------------------------------------
+
+TWO_MAS = """\
+name: t2
+master_agent:
+  - {name: MA1, host: localhost, port: 5555, http_port: 8080}
+  - {name: MA2, host: localhost, port: 5556, peers: [site-b:5555, "tcp://10.0.0.9:6000"], peer_hops: 1}
+local_agents:
+  - {name: LA1, parent: MA2}
+seds:
+  - {name: sed-1, parent: LA1, examples: true}
+  - {name: sed-2, parent: MA1, examples: true}
+"""
+
+
+def _deployment(spec, **addresses):
+    from gridrpc.deploy.runner import Deployment
+    d = Deployment(spec, state_dir="/tmp/unused")
+    d.addresses.update(addresses)
+    return d
+
+
+def test_several_mas_are_one_root_and_children_attach_to_all(tmp_path):
+    spec = load(write(tmp_path, TWO_MAS))
+    assert [m.name for m in spec.mas] == ["MA1", "MA2"] and spec.ma.name == "MA1"
+    assert spec.ordered()[0] == spec.mas                              # both MAs start first
+    assert spec.parents_of(spec.element("LA1")) == ["MA1", "MA2"]     # parent MA2: attached to both
+    assert spec.parents_of(spec.element("sed-2")) == ["MA1", "MA2"]
+    assert spec.parents_of(spec.element("sed-1")) == ["LA1"]
+    assert spec.element("MA2").options == {"peers": ["tcp://site-b:5555", "tcp://10.0.0.9:6000"], "peer_hops": 1}
+    d = _deployment(spec, MA1="tcp://127.0.0.1:5555", MA2="tcp://127.0.0.1:5556", LA1="tcp://127.0.0.1:7000")
+
+    def arg(cmd, flag):
+        return [cmd[i + 1] for i, x in enumerate(cmd) if x == flag]
+    la, sed1, sed2 = (d.command(spec.element(n)) for n in ("LA1", "sed-1", "sed-2"))
+    assert arg(la, "--parent") == arg(sed2, "--parent") == ["tcp://127.0.0.1:5555,tcp://127.0.0.1:5556"]
+    assert arg(sed1, "--parent") == ["tcp://127.0.0.1:7000"]
+    ma1, ma2 = d.command(spec.element("MA1")), d.command(spec.element("MA2"))
+    assert "--parent" not in ma1 and "--peer" not in ma1 and arg(ma1, "--http-port") == ["8080"]
+    assert arg(ma2, "--peer") == ["tcp://site-b:5555", "tcp://10.0.0.9:6000"] and arg(ma2, "--peer-hops") == ["1"]
+    assert "--peer-key" not in ma2 and "--secure" not in ma2          # security off: no keys
+    assert d.ma_addresses() == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"]
+    assert d.ma_address == "tcp://127.0.0.1:5555,tcp://127.0.0.1:5556"   # what clients are given
+    assert d.summary()["ma"] == d.ma_address
+    assert d.expected_names("MA2") == {"MA2", "LA1", "sed-1", "sed-2"}  # each MA's tree: itself + everyone
+
+
+def test_several_mas_under_security(tmp_path):
+    text = TWO_MAS.replace('peer_hops: 1}', 'peer_hops: 1, peer_keys: [site-b-MA, /keys/c.key]}') \
+        + "security: {enabled: true}\n"
+    spec = load(write(tmp_path, text))
+    d = _deployment(spec, MA1="tcp://127.0.0.1:5555", MA2="tcp://127.0.0.1:5556", LA1="tcp://127.0.0.1:7000")
+    la, sed1, ma2 = (d.command(spec.element(n)) for n in ("LA1", "sed-1", "MA2"))
+    assert la[la.index("--parent-key") + 1] == "MA1,MA2"             # same order as --parent
+    assert sed1[sed1.index("--parent-key") + 1] == "LA1"
+    assert [ma2[i:i + 4] for i, x in enumerate(ma2) if x == "--peer"] == [
+        ["--peer", "tcp://site-b:5555", "--peer-key", "site-b-MA"],
+        ["--peer", "tcp://10.0.0.9:6000", "--peer-key", "/keys/c.key"]]
+    assert d.client_options()["ma_key"] == "MA1,MA2"                 # one key per MA, in address order
+    assert d.client_options(["MA2"])["ma_key"] == "MA2"
+    # peers under security need their keys
+    msg = problems(write(tmp_path, TWO_MAS + "security: {enabled: true}\n", "nokeys.yaml"))
+    assert re.search(r"nokeys\.yaml:4: master_agent\[1\]\.peers \(MA MA2\): with security on, each peer "
+                     r"needs its public key: peer_keys", msg), msg
+
+
+def test_peer_keys_missing_locally_stop_up_before_anything_starts(tmp_path):
+    from gridrpc.deploy.runner import DeployError
+    text = TWO_MAS.replace('peer_hops: 1}', 'peer_keys: [nobody-MA, "%s"]}' % ("x" * 40)) \
+        .replace("port: 5555, http_port: 8080", "port: 0").replace("port: 5556,", "port: 0,") \
+        + "security: {enabled: true}\n"
+    spec = load(write(tmp_path, text))
+    d = _deployment(spec)
+    d.state_dir = tmp_path / "st"
+    with pytest.raises(DeployError) as info:
+        d.up()
+    assert "MA2: peer tcp://site-b:5555: 'nobody-MA' is not an element key" in str(info.value)
+    assert "10.0.0.9" not in str(info.value)                          # the literal key is fine
+    assert "nothing was started" in str(info.value)
+    assert not d.started and not (tmp_path / "st" / "state.json").exists()
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (("master_agent:\n  - {name: MA1, host: localhost, port: 5555, http_port: 8080}\n"
+      "  - {name: MA2, host: localhost, port: 5556, peers: [site-b:5555, \"tcp://10.0.0.9:6000\"], peer_hops: 1}\n",
+      "master_agent: []\n"), r":2: master_agent:", "an empty list: give at least one master agent"),
+    (("name: MA2", "name: MA1"), r":4: master_agent\[1\]\.name \(MA MA1\):",
+     "element names must be unique: MA1 is also master_agent[0] (each master agent needs its own name)"),
+    (("port: 5556, ", ""), r":4: master_agent\[1\]\.name \(MA MA2\):",
+     "port 5555 (the default port) on host localhost is taken by master_agent[0] (port)"),
+    (("port: 5556", "port: 8080"), r":4: master_agent\[1\]\.port \(MA MA2\):",
+     "port 8080 on host localhost is taken by master_agent[0] (http_port)"),
+    (("peer_hops: 1", "peer_keys: [k1]"), r":4: master_agent\[1\]\.peer_keys \(MA MA2\):",
+     "1 key(s) for 2 peer(s): give one key per peer"),
+    (("peer_hops: 1", "peer_hops: 7"), r":4: master_agent\[1\]\.peer_hops", "must be <= 4"),
+    (("site-b:5555", "site-b"), r":4: master_agent\[1\]\.peers\[0\]",
+     "'site-b' is not an address (the port is missing)"),
+    (("peers: [site-b:5555, \"tcp://10.0.0.9:6000\"], ", ""), r":4: master_agent\[1\]\.peer_hops",
+     "peer_hops without peers"),
+    (("http_port: 8080}", "http_port: 8080, peer: [x:1]}"), r":3: master_agent\[0\]\.peer \(MA MA1\):",
+     "unknown keys peer (did you mean peers?)"),
+    (("  - {name: MA1, host: localhost, port: 5555, http_port: 8080}\n", "  - MA1\n"), r":3: master_agent\[0\]:",
+     "must be a mapping"),
+    (("{name: LA1, parent: MA2}", "{name: LA1, parent: MA3}"), r":6: local_agents\[0\]\.parent",
+     "parent 'MA3' is not an agent of this deployment (agents: LA1, MA1, MA2)"),
+])
+def test_bad_lists_of_master_agents_are_clear(tmp_path, edit, where, words):
+    assert edit[0] in TWO_MAS
+    msg = problems(write(tmp_path, TWO_MAS.replace(*edit, 1)))
+    assert re.search(where, msg) and words in msg, msg
+    assert "Traceback" not in msg
+
+
+def test_status_of_several_mas_reads_as_one_root():
+    from gridrpc.deploy.runner import format_status
+
+    def row(name, kind, parent):
+        return {"name": name, "kind": kind, "parent": parent, "host": "localhost", "pid": 1, "process": "running",
+                "tree": "alive", "address": None, "load": {}}
+    text = format_status([row("MA1", "ma", None), row("MA2", "ma", None), row("LA1", "la", "MA2"),
+                          row("sed-1", "sed", "LA1"), row("sed-2", "sed", "MA1")])
+    names = [line[:24].strip(" ├└│─") for line in text.splitlines()[1:]]
+    assert names == ["MA1", "MA2", "sed-2", "LA1", "sed-1"], text   # every child once, under the MAs
+    assert "├─ sed-2" in text and "└─ LA1" in text and "   └─ sed-1" in text
+
+
+def test_client_takes_one_key_per_master_agent(tmp_path):
+    from gridrpc.client.aio import AsyncClient
+    from gridrpc.transport.security import KeyStore
+    store = KeyStore(tmp_path / "keys")
+    for name in ("MA1", "MA2"):
+        store.create(name, "element")
+    store.create("alice", "user")
+    c = AsyncClient("tcp://127.0.0.1:1,tcp://127.0.0.1:2", keys=str(store.dir), key="alice", ma_key="MA1,MA2")
+    assert c._ma_public == [store.public("MA1", "element"), store.public("MA2", "element")]
+    c = AsyncClient("tcp://127.0.0.1:1,tcp://127.0.0.1:2", keys=str(store.dir), key="alice", ma_key="MA2")
+    assert c._ma_public == [store.public("MA2", "element")]          # one key: for every MA
+    with pytest.raises(ConfigError, match="ma_key lists 2 keys for 3 master agent"):
+        AsyncClient(["tcp://h:1", "tcp://h:2", "tcp://h:3"], keys=str(store.dir), key="alice", ma_key="MA1,MA2")

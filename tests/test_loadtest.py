@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -77,6 +78,7 @@ def test_timespan_and_address():
     with pytest.raises(ConfigError):
         parse_timespan("ten seconds")
     assert normalise_address("host:5555") == "tcp://host:5555"
+    assert normalise_address("a:1,tcp://b:2") == "tcp://a:1,tcp://b:2"      # several MAs: users spread
     with pytest.raises(ConfigError):
         normalise_address("nowhere")
 
@@ -221,6 +223,30 @@ seds:
     r, took = loadtest(str(dep), "-u", "2", "-t", "3s", "-n", "150", "--mix", "add", timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "call" in r.stdout and "registered at the MA: 5/5" in r.stderr
+    left = [p for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
+    assert not _locust_children()
+
+
+@pytest.mark.slow
+def test_deployment_file_with_two_mas_spreads_the_users(tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    dep = tmp_path / f"lt2{tag}.yaml"
+    dep.write_text(f"""
+master_agent:
+  - {{name: MA1-{tag}, host: localhost, port: 0}}
+  - {{name: MA2-{tag}, host: localhost, port: 0}}
+seds:
+  - {{name: sed-{tag}, parent: MA1-{tag}, host: localhost, examples: true, replicas: 2, workers: 1}}
+""")
+    out = tmp_path / "summary.json"
+    r, took = loadtest(str(dep), "-u", "2", "-t", "3s", "-n", "100", "--mix", "add", "--json", str(out),
+                       timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "registered at MA1-" in r.stderr and "registered at MA2-" in r.stderr
+    assert re.search(r"-> tcp://127\.0\.0\.1:\d+,tcp://127\.0\.0\.1:\d+:", r.stderr), r.stderr
+    s = json.loads(out.read_text())
+    assert s["client"]["call add"]["requests"] > 0 and s["client"]["call add"]["failures"] == 0, s
     left = [p for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
     assert not left, left
     assert not _locust_children()

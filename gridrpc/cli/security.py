@@ -15,7 +15,8 @@ def add_client_key_arguments(p: argparse.ArgumentParser) -> None:
                    help="CURVE key directory of a secure tree (env GRIDRPC_KEYS); see docs/security.md")
     p.add_argument("--key", metavar="NAME", help="your key pair's name in --keys (default: your user name)")
     p.add_argument("--ma-key", metavar="NAME|FILE|KEY",
-                   help="the MA's public key: element name in --keys (default MA), a .key file, or the key")
+                   help="the MA's public key: element name in --keys (default MA), a .key file, or the key; "
+                        "several MAs (--ma a,b): one per MA, comma-separated in the same order")
 
 
 def _client_security(a: argparse.Namespace) -> dict:

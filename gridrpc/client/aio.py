@@ -73,7 +73,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._tasks: set[asyncio.Task] = set()     # submitted calls still running
-        self._security, self._ma_public = client_security(self.options, self.user)
+        self._security, self._ma_public = client_security(self.options, self.user, len(self.master_agents))
         if self._security is not None:
             self.user = self._security.name         # the SeDs account calls to the key's user
         self._server_keys: dict[str, bytes] = {}    # SeD address -> public key (from the MA's answers)
@@ -83,8 +83,9 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         self.loop = asyncio.get_running_loop()
         self._driver = AsyncCallDriver(self.loop, self._send, new_id=new_id, decode=self._decode,
                                        on_attempt=_on_attempt, on_discover=self._on_discover)
-        opts = self._security.client_options(self._ma_public) if self._security is not None else None
         for i, addr in enumerate(self.master_agents):
+            opts = (self._security.client_options(self._ma_public[i if len(self._ma_public) > 1 else 0])
+                    if self._security is not None else None)
             self._mas.append(Channel(connect_dealer(addr, options=opts), functools.partial(self._on_ma, i),
                                      name=f"client->MA{i}" if i else "client->MA"))
         self._ma = self._mas[0] if self._mas else None
@@ -351,18 +352,26 @@ class AsyncHandle:
         return self.client.submit_nowait(self.service, *args, server=self.server, optional=self.optional, **kwargs)
 
 
-def client_security(options, user: str):
-    """``(Security, MA public key)`` for a client whose options name a key
-    directory; ``(None, None)`` without security."""
+def client_security(options, user: str, mas: int = 1):
+    """``(Security, [MA public key, ...])`` for a client whose options name a
+    key directory; ``(None, None)`` without security. ``ma_key`` may list
+    one key per master agent, comma-separated, in the order of the
+    addresses (several MAs: one key each); one key serves every MA."""
     if not options.keys:
         return None, None
+    from ..errors import ConfigError
     from ..transport.security import KeyStore, Security, public_key_from
     store = KeyStore(options.keys)
     sec = Security(keys=store, name=options.key or user, role="user")
     sec.pair                                   # fails now, clearly, if the user's key is missing
-    spec = options.ma_key or "MA"
-    try:
-        ma_public = store.public(spec, "element")
-    except Exception:  # noqa: BLE001 - not an element name: a literal key or a file
-        ma_public = public_key_from(spec)
-    return sec, ma_public
+    specs = [s.strip() for s in str(options.ma_key or "MA").split(",") if s.strip()] or ["MA"]
+    if len(specs) > 1 and len(specs) != mas:
+        raise ConfigError(f"ma_key lists {len(specs)} keys for {mas} master agent(s): give one key, or one per "
+                          "master agent in the order of their addresses")
+    publics = []
+    for spec in specs:
+        try:
+            publics.append(store.public(spec, "element"))
+        except Exception:  # noqa: BLE001 - not an element name: a literal key or a file
+            publics.append(public_key_from(spec))
+    return sec, publics

@@ -59,7 +59,8 @@ class ClientOptions:
     #: the name of this user's key pair in ``keys`` (default: ``user``)
     key: str | None = None
     #: the MA's public key: 40 z85 characters, a ``.key`` file, or an element
-    #: name in ``keys`` (default: the element ``MA``)
+    #: name in ``keys`` (default: the element ``MA``); several MAs: one key
+    #: each, comma-separated in the order of their addresses (``"MA1,MA2"``)
     ma_key: str | None = None
     retry_timeout: float = 10.0
 

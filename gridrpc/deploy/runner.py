@@ -168,27 +168,64 @@ class Deployment(StartUp, TearDown, DeploymentState):
             made.append(f"user {user}")
         if made:
             self.progress(f"created CURVE keys in {store.dir}: {', '.join(made)}")
+        self._check_peer_keys(store)
 
-    def client_options(self) -> dict:
-        """Client keywords for talking to this deployment's MA."""
+    def _check_peer_keys(self, store) -> None:
+        """Each ``peer_keys`` entry of an MA on a local host must be found now
+        (an element name in the key directory, a .key file, or the key): a
+        missing one is a clear error before anything starts, not an MA
+        that exits at start-up. (Elsewhere the MA's host reads them.)"""
+        from ..errors import ConfigError
+        from ..transport.security import public_key_from
+        bad = []
+        for e in self.spec.mas:
+            if self.spec.host(e.host).launcher != "local":
+                continue
+            for peer, key in zip(e.options.get("peers") or [], e.options.get("peer_keys") or []):
+                try:
+                    store.public(str(key), "element")
+                except ConfigError:
+                    try:
+                        public_key_from(str(key))
+                    except ConfigError:
+                        bad.append(f"  - {e.name}: peer {peer}: {key!r} is not an element key in "
+                                   f"{store.dir}/elements, a .key file, nor a public key")
+        if bad:
+            raise DeployError("peer_keys not found (copy the other tree's MA public key into the key "
+                              "directory, e.g. elements/site-b-MA.key, and name it in peer_keys):\n"
+                              + "\n".join(bad) + "\nnothing was started")
+
+    def client_options(self, mas: list[str] | None = None) -> dict:
+        """Client keywords for talking to this deployment's MAs (``mas``: the
+        names of the ones the client is given; default all, in file order)."""
         if not self.spec.security:
             return {}
         from ..client.aio import default_user
         user = self.spec.deploy_user or default_user()
-        return {"keys": str(self.keys_dir), "key": user, "user": user, "ma_key": self.spec.ma.name}
+        names = mas if mas is not None else [m.name for m in self.spec.mas if m.name in self.addresses]
+        return {"keys": str(self.keys_dir), "key": user, "user": user,
+                "ma_key": ",".join(names) or self.spec.ma.name}
 
     def command(self, e: ElementSpec) -> list[str]:
         cmd = [self.python_for(e), "-m", "gridrpc", e.kind, "--name", e.name, "--host", self.bind_host(e),
                "--port", str(e.port), "--hb-interval", str(self.spec.hb_interval),
                "--hb-timeout", str(self.spec.hb_timeout)]
-        if e.parent:
-            cmd += ["--parent", self.addresses[e.parent]]
+        parents = self.spec.parents_of(e)          # all the MAs when the parent is one of them
+        if parents:
+            cmd += ["--parent", ",".join(self.addresses[p] for p in parents)]
         if self.spec.security:
             cmd += ["--secure", "--keys", str(self.keys_dir)]
-            if e.parent:
-                cmd += ["--parent-key", e.parent]
+            if parents:
+                cmd += ["--parent-key", ",".join(parents)]
         elif self.spec.allow_insecure:
             cmd.append("--insecure")
+        if e.kind == "ma":                          # federation: MAs of other trees
+            for i, peer in enumerate(e.options.get("peers") or []):
+                cmd += ["--peer", peer]
+                if self.spec.security:
+                    cmd += ["--peer-key", str(e.options["peer_keys"][i])]
+            if e.options.get("peer_hops") is not None:
+                cmd += ["--peer-hops", str(e.options["peer_hops"])]
         if e.kind in ("ma", "la"):
             for target in self.spec.aggregator_plugins:
                 cmd += ["--plugin", target]

@@ -35,7 +35,7 @@ from .yaml_lines import load_yaml, yaml_error_text  # noqa: F401 - part of this 
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
 TOP_KEYS = frozenset({"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout",
                       "plugins", "security"})
-MA_KEYS = frozenset({"name", "host", "port", "http_port"})
+MA_KEYS = frozenset({"name", "host", "port", "http_port", "peers", "peer_keys", "peer_hops"})
 LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout"})
 SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
                       "replicas", "workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
@@ -126,6 +126,15 @@ def _list(data: Any, key: str, problems: list[Problem]) -> list:
     return v
 
 
+def ma_entries(data: dict) -> list[tuple[Loc, Any]]:
+    """The master agents' entries and their locations: ``master_agent:`` is
+    one mapping (``("master_agent",)``) or a list of them (``("master_agent", i)``)."""
+    raw = data.get("master_agent")
+    if isinstance(raw, list):
+        return [(("master_agent", i), e) for i, e in enumerate(raw)]
+    return [] if raw is None else [(("master_agent",), raw)]
+
+
 @dataclass
 class Checked:
     """What :func:`check` validated (models; None where an entry was invalid)."""
@@ -133,10 +142,15 @@ class Checked:
     heartbeat: HeartbeatModel | None
     plugins: PluginsModel | None
     security: SecurityModel | None
-    master_agent: MasterAgentModel | None
+    master_agents: list[MasterAgentModel | None]
     local_agents: list[LocalAgentModel | None]
     seds: list[SedModel | None]
     hosts: dict[str, HostModel | None]
+
+    @property
+    def master_agent(self) -> MasterAgentModel | None:
+        """The first master agent (the only one of a file with one)."""
+        return self.master_agents[0] if self.master_agents else None
 
 
 def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[Problem]]:
@@ -166,13 +180,23 @@ def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[P
         _unknown(h, HOST_KEYS, ("hosts", hname), problems)
         hosts[str(hname)] = _validate(HostModel, h if h is not None else {}, ("hosts", hname), problems)
 
-    ma = None
-    if not data.get("master_agent"):
+    mas = []
+    if isinstance(data.get("master_agent"), list) and not data["master_agent"]:
+        problems.append(Problem(("master_agent",), "an empty list: give at least one master agent "
+                                                   "(- {name: MA1, host: ..., port: ...})"))
+    elif not data.get("master_agent"):
         problems.append(Problem(("master_agent",), "the deployment file needs a 'master_agent: "
-                                                   "{name: MA, host: ..., port: ...}' entry"))
-    else:
-        _unknown(data["master_agent"], MA_KEYS, ("master_agent",), problems)
-        ma = _validate(MasterAgentModel, data["master_agent"], ("master_agent",), problems)
+                                                   "{name: MA, host: ..., port: ...}' entry (or a list of them)"))
+    for loc, entry in ma_entries(data):
+        _unknown(entry, MA_KEYS, loc, problems)
+        model = _validate(MasterAgentModel, entry, loc, problems)
+        mas.append(model)
+        if model is not None and model.peer_keys is not None and len(model.peer_keys) != len(model.peers):
+            problems.append(Problem(loc + ("peer_keys",), f"{len(model.peer_keys)} key(s) for "
+                                    f"{len(model.peers)} peer(s): give one key per peer, in the order of peers"))
+        if model is not None and model.peer_hops is not None and not model.peers:
+            problems.append(Problem(loc + ("peer_hops",), "peer_hops without peers: list the master agents "
+                                                          "of the other trees in 'peers:'"))
 
     las = []
     for i, la in enumerate(_list(data, "local_agents", problems)):
@@ -193,7 +217,7 @@ def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[P
         if isinstance(sed, dict) and kind in ("batch", "cloud"):
             _kind_settings(sed, kind, loc, problems)
 
-    checked = Checked(top=top, heartbeat=hb, plugins=plugins, security=security, master_agent=ma,
+    checked = Checked(top=top, heartbeat=hb, plugins=plugins, security=security, master_agents=mas,
                       local_agents=las, seds=seds,
                       hosts=hosts)
     _relations(data, checked, problems)
@@ -230,22 +254,23 @@ def _key_named(text: str, entry: dict, what: str) -> str:
 
 def _relations(data: dict, c: Checked, problems: list[Problem]) -> None:
     """Rules across entries: unique names, parents are agents, hosts exist."""
-    entries: list[tuple[Loc, Any]] = []
-    if isinstance(data.get("master_agent"), dict):
-        entries.append((("master_agent",), data["master_agent"]))
+    entries: list[tuple[Loc, Any]] = [(loc, e) for loc, e in ma_entries(data) if isinstance(e, dict)]
+    any_ma = bool(entries)
     for section in ("local_agents", "seds"):
         if isinstance(data.get(section), list):
             entries += [((section, i), e) for i, e in enumerate(data[section]) if isinstance(e, dict)]
     seen: dict[str, Loc] = {}
     agents = {str(e.get("name", "MA")) for loc, e in entries if loc[0] in ("master_agent", "local_agents")}
-    if not isinstance(data.get("master_agent"), dict):
+    if not any_ma:
         agents.add("MA")                     # reported missing already: no parent errors because of it
     hosts = {str(h) for h in (data.get("hosts") or {})} if isinstance(data.get("hosts"), dict) else set()
     for loc, e in entries:
         name = str(e.get("name", "MA" if loc[0] == "master_agent" else ""))
         if name in seen:
+            hint = (" (each master agent needs its own name)"
+                    if loc[0] == "master_agent" and seen[name][0] == "master_agent" else "")
             problems.append(Problem(loc + ("name",), f"element names must be unique: {name} is also "
-                                                     f"{_field(seen[name])}"))
+                                                     f"{_field(seen[name])}{hint}"))
         else:
             seen[name] = loc
         if loc[0] != "master_agent" and "parent" in e and str(e["parent"]) not in agents:
@@ -254,6 +279,7 @@ def _relations(data: dict, c: Checked, problems: list[Problem]) -> None:
         host = str(e.get("host", "localhost"))
         if host not in hosts and host not in LOCAL_HOSTS:
             problems.append(Problem(loc + ("host",), f"host {host!r} is not 'localhost' nor listed under hosts:"))
+    _ma_ports(entries, problems)
     # parent cycles (LAs only can form one)
     parent = {str(e["name"]): str(e["parent"]) for loc, e in entries
               if loc[0] == "local_agents" and "name" in e and "parent" in e}
@@ -268,6 +294,29 @@ def _relations(data: dict, c: Checked, problems: list[Problem]) -> None:
                 break
 
 
+def _ma_ports(entries: list[tuple[Loc, Any]], problems: list[Problem]) -> None:
+    """Two master agents binding one port of one host (a copied entry)."""
+    taken: dict[tuple[str, int], tuple[Loc, str]] = {}
+    for loc, e in entries:
+        if loc[0] != "master_agent":
+            continue
+        host = str(e.get("host", "localhost"))
+        host = "localhost" if host in LOCAL_HOSTS else host
+        for key, default in (("port", 5555), ("http_port", None)):
+            port = e.get(key, default)
+            if not isinstance(port, int) or isinstance(port, bool) or port == 0:
+                continue                     # port 0: any free port; bad values are reported already
+            if (host, port) in taken:
+                other, other_key = taken[(host, port)]
+                default = "" if key in e else " (the default port)"
+                problems.append(Problem(loc + (key if key in e else "name",),
+                                        f"{key} {port}{default} on host {host} is taken by {_field(other)} "
+                                        f"({other_key}): master agents on one host need their own ports "
+                                        "(0: any free port)"))
+            else:
+                taken[(host, port)] = (loc, key)
+
+
 def _field(loc: Loc) -> str:
     out = ""
     for part in loc:
@@ -278,6 +327,12 @@ def _field(loc: Loc) -> str:
 def format_problems(problems: list[Problem], data: Any, lines: Lines | None, source: str | None) -> str:
     """One line per problem: ``FILE:LINE: FIELD (ELEMENT): message``, in file order."""
     def element(loc: Loc) -> str:
+        if len(loc) >= 2 and loc[0] == "master_agent" and isinstance(loc[1], int):
+            try:
+                name = data["master_agent"][loc[1]].get("name", "MA")
+            except (AttributeError, IndexError, KeyError, TypeError):
+                return ""
+            return f" (MA {name})"
         if len(loc) >= 2 and loc[0] in ("local_agents", "seds") and isinstance(loc[1], int):
             try:
                 name = data[loc[0]][loc[1]].get("name")

@@ -17,7 +17,7 @@ __all__ = ["HostModel", "MasterAgentModel", "LocalAgentModel", "SedModel", "Hear
            "SecurityModel", "TopModel",
            # value types
            "Text", "Name", "Port", "SshPort", "PosInt", "NonNegInt", "PosFloat", "NonNegFloat", "Orphan", "ArgList",
-           "OptionList", "Service", "Plugin", "Queue"]
+           "OptionList", "Service", "Plugin", "Queue", "Peer", "PeerHops"]
 
 
 def _text(v: Any) -> Any:
@@ -93,6 +93,13 @@ def _one_or_list(v: Any) -> Any:
     raise ValueError("must be a list of strings")
 
 
+def _one_or_list_raw(v: Any) -> Any:
+    """One item or a list of items (each checked by the item type)."""
+    if v is None:
+        return []
+    return v if isinstance(v, (list, tuple)) else [v]
+
+
 def _none_is_empty_list(v: Any) -> Any:
     return [] if v is None else v
 
@@ -126,6 +133,16 @@ def _queue(v: str) -> str:
     return v
 
 
+def _peer(v: Any) -> Any:
+    """A peer MA's address (tcp://host:port; host:port is completed)."""
+    from ..address import parse_address
+    from ..errors import ConfigError
+    try:
+        return parse_address(_text(v), what="peer")
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix("peer: ")) from None
+
+
 Text = Annotated[str, BeforeValidator(_text)]
 Name = Annotated[str, BeforeValidator(_text), AfterValidator(_name)]
 Port = Annotated[int, BeforeValidator(_number), Field(ge=0, le=65535)]
@@ -140,6 +157,8 @@ OptionList = Annotated[list[str], BeforeValidator(_one_or_list)]
 Service = Annotated[str, AfterValidator(_service)]
 Plugin = Annotated[str, AfterValidator(_plugin)]
 Queue = Annotated[str, BeforeValidator(_text), AfterValidator(_queue)]
+Peer = Annotated[str, BeforeValidator(_peer)]
+PeerHops = Annotated[int, BeforeValidator(_number), Field(ge=0, le=4)]
 
 
 class _Model(BaseModel):
@@ -183,6 +202,14 @@ class MasterAgentModel(_Model):
     host: Text = "localhost"
     port: Port = 5555
     http_port: Port | None = None
+    #: MAs of other trees (federation: gridrpc ma --peer), tcp://host:port each
+    peers: Annotated[list[Peer], BeforeValidator(_one_or_list_raw)] = []
+    #: with security on: each peer's public key, same order (element name in the key directory,
+    #: a .key file, or the key itself)
+    peer_keys: Annotated[list[Text], BeforeValidator(_one_or_list_raw)] | None = None
+    #: how far a discovery may travel from peer to peer (gridrpc ma --peer-hops; default 2)
+    peer_hops: PeerHops | None = None
+    # peer_keys against peers, and peer_hops without peers: schema.check (with the key's line)
 
 
 class LocalAgentModel(_Model):

@@ -11,6 +11,13 @@
     hosts:
       node2: {ssh: root@node2, python: /opt/venv/bin/python, address: 10.0.0.2}
 
+``master_agent`` may also be a list of MA entries (unique names): they are
+one redundant root, active-active (docs/reliability.md): an LA or SeD whose
+``parent`` names any of them is attached to all of them (``--parent a,b``),
+and clients are given every MA's address, comma-separated. An MA entry may
+list ``peers`` (MAs of other trees, federation: ``gridrpc ma --peer``) with
+``peer_keys`` (security on: one per peer, same order) and ``peer_hops``.
+
 ``host`` is ``localhost`` (this machine) or a key of ``hosts``. Each host may
 give ``address`` (the IP elements bind and advertise; default 127.0.0.1 for
 localhost, else the ssh host name or the Slurm node name), ``ssh`` (``host``
@@ -124,7 +131,22 @@ class DeploymentSpec:
 
     @property
     def ma(self) -> ElementSpec:
+        """The first master agent (the only one, usually)."""
         return self.elements[0]
+
+    @property
+    def mas(self) -> list[ElementSpec]:
+        """Every master agent, in file order. Several are one redundant root
+        (active-active): every child of one is attached to all of them."""
+        return [e for e in self.elements if e.kind == "ma"]
+
+    def parents_of(self, e: ElementSpec) -> list[str]:
+        """The names of the agents ``e`` attaches to: all the master agents
+        when its ``parent`` names one of them, else its parent."""
+        if e.parent is None:
+            return []
+        mas = [m.name for m in self.mas]
+        return mas if e.parent in mas else [e.parent]
 
     def element(self, name: str) -> ElementSpec:
         for e in self.elements:
@@ -187,8 +209,15 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
             env=dict(h.env), ssh_options=tuple(h.ssh_options), wrapper=tuple(h.wrapper), node=h.node,
             user=h.user, ssh_config=h.ssh_config, connect_timeout=h.connect_timeout,
             orphan_timeout=_orphan(h, raw), srun_args=tuple(h.srun_args), ssh_multiplex=h.ssh_multiplex)
-    ma = checked.master_agent
-    elements = [ElementSpec(name=ma.name, kind="ma", host=ma.host, port=ma.port, http_port=ma.http_port)]
+    elements = []
+    for ma in checked.master_agents:
+        options = {"peers": list(ma.peers)} if ma.peers else {}
+        if ma.peer_keys is not None:
+            options["peer_keys"] = list(ma.peer_keys)
+        if ma.peer_hops is not None:
+            options["peer_hops"] = ma.peer_hops
+        elements.append(ElementSpec(name=ma.name, kind="ma", host=ma.host, port=ma.port, http_port=ma.http_port,
+                                    options=options))
     for la, raw in zip(checked.local_agents, data.get("local_agents") or []):
         ot = _orphan(la, raw)
         elements.append(ElementSpec(name=la.name, kind="la", host=la.host, parent=la.parent, port=la.port,
@@ -211,6 +240,14 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
         raise ConfigError(f"{path or name}: security: enabled: false on hosts that are not loopback needs "
                           "'allow_insecure: true' too (anyone reaching the ports could join the tree and "
                           "run calls); see docs/security.md")
+    if secure:
+        missing = [schema.Problem(loc + ("peers",), "with security on, each peer needs its public key: "
+                                  "peer_keys: [...] (same order as peers; an element name in the key "
+                                  "directory, a .key file, or the key itself)")
+                   for (loc, _), ma in zip(schema.ma_entries(data), checked.master_agents)
+                   if ma.peers and ma.peer_keys is None]
+        if missing:
+            raise ConfigError(schema.format_problems(missing, data, lines, source))
     spec = DeploymentSpec(name=str(checked.top.name or name), elements=tuple(elements), hosts=hosts,
                           security=secure, keys_dir=sec.keys, allow_insecure=sec.allow_insecure,
                           deploy_user=sec.user,

@@ -144,8 +144,10 @@ class StartUp:
             if isinstance(exc, KeyboardInterrupt):
                 raise DeployError("interrupted; what was started has been stopped") from exc
             raise DeployError(f"{type(exc).__name__}: {exc}") from exc
+        mas = self.ma_addresses()
         self.progress(f"deployment {self.spec.name!r} up: {len(self.started)} elements in "
-                      f"{time.monotonic() - t0:.1f}s; MA at {self.addresses[self.spec.ma.name]}")
+                      f"{time.monotonic() - t0:.1f}s; " + (f"MA at {mas[0]}" if len(mas) == 1 else
+                                                           f"{len(mas)} MAs at {','.join(mas)}"))
         return self.summary()
 
     def _start_level(self, level: list[ElementSpec]) -> None:
@@ -211,35 +213,54 @@ class StartUp:
                           f"{time.monotonic() - t0:.1f}s)")
         return errors
 
-    def expected_names(self) -> set[str]:
-        """Names the MA's tree shows once all registered: a SeD with
-        ``replicas: N`` > 1 registers as NAME-1..N (zero-padded), not as NAME."""
-        return {n for e in self.spec.elements for n in replica_names(e)}
+    def expected_names(self, ma: str | None = None) -> set[str]:
+        """Names the tree of master agent ``ma`` (default: the first) shows
+        once all registered: itself and every LA and SeD (each MA holds the
+        whole tree, not the other MAs). A SeD with ``replicas: N`` > 1
+        registers as NAME-1..N (zero-padded), not as NAME."""
+        ma = ma or self.spec.ma.name
+        return {n for e in self.spec.elements if e.kind != "ma" or e.name == ma for n in replica_names(e)}
 
     def _wait_registered(self) -> None:
+        """Wait until every master agent sees every element (with several
+        MAs, each holds the whole tree: each is asked on its own)."""
         from ..client import Client
-        want = self.expected_names()
+        mas = [m.name for m in self.spec.mas]
         deadline = time.monotonic() + self.register_timeout
-        last = -1
-        with Client(self.addresses[self.spec.ma.name], discovery_timeout=3, **self.client_options()) as c:
-            while True:
-                try:
-                    seen = {el["name"] for el in c.tree() if el.get("state", "alive") == "alive"}
-                except GridRPCError:
-                    seen = set()
-                if len(seen & want) != last:
-                    last = len(seen & want)
-                    self.progress(f"  registered at the MA: {last}/{len(want)}")
-                if want <= seen:
-                    return
-                if time.monotonic() > deadline:
-                    missing = sorted(want - seen)
-                    owners = sorted({self._owner(n) for n in missing})
-                    tails = "\n".join(f"--- {n} (log tail) ---\n{self._safe_logs(n, 15)}" for n in owners[:3])
-                    raise DeployError(f"not registered at the MA after {self.register_timeout:.0f}s: "
-                                      + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
-                                      + f"\n{tails}")
-                time.sleep(0.1)
+        clients = {n: Client(self.addresses[n], discovery_timeout=3, **self.client_options([n])) for n in mas}
+        try:
+            waiting = list(mas)
+            last: dict[str, int] = {}
+            while waiting:
+                for n in list(waiting):
+                    want = self.expected_names(n)
+                    try:
+                        seen = {el["name"] for el in clients[n].tree() if el.get("state", "alive") == "alive"}
+                    except GridRPCError:
+                        seen = set()
+                    if len(seen & want) != last.get(n):
+                        last[n] = len(seen & want)
+                        where = "the MA" if len(mas) == 1 else n
+                        self.progress(f"  registered at {where}: {last[n]}/{len(want)}")
+                    if want <= seen:
+                        waiting.remove(n)
+                    elif time.monotonic() > deadline:
+                        missing = sorted(want - seen)
+                        owners = sorted({self._owner(x) for x in missing})
+                        tails = "\n".join(f"--- {x} (log tail) ---\n{self._safe_logs(x, 15)}" for x in owners[:3])
+                        where = "the MA" if len(mas) == 1 else f"master agent {n}"
+                        raise DeployError(f"not registered at {where} after {self.register_timeout:.0f}s: "
+                                          + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+                                          + f"\n{tails}")
+                if waiting:
+                    time.sleep(0.1)
+        finally:
+            for c in clients.values():
+                c.close()
 
     def _owner(self, name: str) -> str:
         """The element (process) a registered name belongs to (replicas: NAME-i)."""
+        for e in self.spec.elements:
+            if name == e.name or name in replica_names(e):
+                return e.name
+        return name

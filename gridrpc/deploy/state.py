@@ -72,7 +72,8 @@ class DeploymentState:
         with self._lock:
             data = {"name": self.spec.name, "spec_path": self.spec.path, "spec": self.spec.raw,
                     "state_dir": str(self.state_dir), "saved": time.time(),
-                    "ma": self.addresses.get(self.spec.ma.name),
+                    "ma": self.ma_address,
+                    "mas": {m.name: self.addresses.get(m.name) for m in self.spec.mas},
                     "elements": {n: {"started": s.to_dict(), "address": self.addresses.get(n),
                                      "host": self.spec.element(n).host, "kind": self.spec.element(n).kind}
                                  for n, s in self.started.items()}}
@@ -107,6 +108,17 @@ class DeploymentState:
                 d.addresses[n] = el["address"]
         return d
 
+    # -- the master agents' addresses ----------------------------------------
+    def ma_addresses(self) -> list[str]:
+        """The addresses of the master agents started (all of them, in file order)."""
+        return [self.addresses[m.name] for m in self.spec.mas if m.name in self.addresses]
+
+    @property
+    def ma_address(self) -> str | None:
+        """What a client is given: the MAs' addresses, comma-separated
+        (``gridrpc.Client``, ``--ma`` and ``GRIDRPC_MA`` take that list)."""
+        return ",".join(self.ma_addresses()) or None
+
     # -- which processes are alive -------------------------------------------
     def _by_host(self, names) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -139,43 +151,54 @@ class DeploymentState:
             return False
 
     # -- status / logs ----------------------------------------------------------
+    def _trees(self) -> dict[str, dict[str, dict]]:
+        """{MA name: {element name: entry}} from every master agent that
+        answers (each asked on its own, in parallel)."""
+        from ..client import Client
+        mas = [m.name for m in self.spec.mas if self.addresses.get(m.name)]
+        trees: dict[str, dict[str, dict]] = {}
+
+        def ask(name: str) -> None:
+            try:
+                with Client(self.addresses[name], discovery_timeout=3, **self.client_options([name])) as c:
+                    trees[name] = {e["name"]: e for e in c.tree()}
+            except GridRPCError:
+                pass
+
+        per_host(ask, mas)
+        return {n: trees[n] for n in mas if n in trees}
+
     def status(self) -> list[dict]:
         """Each element: name, kind, parent, host, address, pid, process state
-        (running/stopped/unknown), tree state (from the MA: alive/lost/absent), load."""
-        tree: dict[str, dict] = {}
-        ma = self.addresses.get(self.spec.ma.name)
+        (running/stopped/unknown), tree state (from the MA: alive/lost/absent), load.
+        With several MAs, ``tree`` is the state at every MA that answers
+        (``mixed`` when they differ; ``tree_at``: per MA)."""
         alive_box: dict[str, bool | None] = {}
         t = threading.Thread(target=lambda: alive_box.update(self._alive_all()), daemon=True)
         t.start()
-        if ma:
-            from ..client import Client
-            try:
-                with Client(ma, discovery_timeout=3, **self.client_options()) as c:
-                    tree = {e["name"]: e for e in c.tree()}
-            except GridRPCError:
-                tree = {}
+        trees = self._trees()
         t.join()
+        several = len(self.spec.mas) > 1
         rows = []
         for e in self.spec.elements:
             st = self.started.get(e.name)
             alive = alive_box.get(e.name, False) if st else False
             r = replica_count(e)
-            if r == 1:
-                te = tree.get(e.name, {})
-                state, load = te.get("state", "absent"), te.get("load") or {}
-            else:  # NAME-1..N: "alive" when all are, else "k/N alive"; loads summed
-                reps = [tree.get(n) for n in replica_names(e)]
-                up = sum(1 for t in reps if t and t.get("state", "alive") == "alive")
-                state = "alive" if up == r else "absent" if up == 0 else f"{up}/{r}"
-                load = {}
-                for t in reps:
-                    for k, v in ((t or {}).get("load") or {}).items():
-                        if isinstance(v, (int, float)) and k in ("num_running", "num_waiting", "completed"):
-                            load[k] = load.get(k, 0) + v
-            rows.append({"name": e.name, "kind": e.kind, "parent": e.parent, "host": e.host,
-                         "pid": st.pid if st else None, "replicas": r,
-                         "process": "unknown" if alive is None else "running" if alive else "stopped",
-                         "tree": state, "address": self.addresses.get(e.name), "load": load})
+            if e.kind == "ma":                    # an MA's own state: from itself only
+                at = {e.name: _tree_state(e, trees[e.name])} if e.name in trees else {}
+            else:
+                at = {m: _tree_state(e, tree) for m, tree in trees.items()}
+            states = list(dict.fromkeys(state for state, _ in at.values()))
+            state = "absent" if not states else states[0] if len(states) == 1 else "mixed"
+            load = next(iter(at.values()))[1] if at else {}
+            row = {"name": e.name, "kind": e.kind, "parent": e.parent, "host": e.host,
+                   "pid": st.pid if st else None, "replicas": r,
+                   "process": "unknown" if alive is None else "running" if alive else "stopped",
+                   "tree": state, "address": self.addresses.get(e.name), "load": load}
+            if several:                           # per MA asked (an MA: itself only)
+                asked = [e.name] if e.kind == "ma" else [m.name for m in self.spec.mas]
+                row["tree_at"] = {m: at[m][0] if m in at else "no answer" for m in asked}
+            rows.append(row)
         return rows
 
     def logs(self, name: str, lines: int = 50) -> str:
@@ -195,11 +218,30 @@ class DeploymentState:
             return f"(cannot read the log: {exc})"
 
     def summary(self) -> dict:
-        return {"name": self.spec.name, "ma": self.addresses.get(self.spec.ma.name),
+        return {"name": self.spec.name, "ma": self.ma_address,
+                "mas": {m.name: self.addresses.get(m.name) for m in self.spec.mas},
                 "state_dir": str(self.state_dir),
                 "elements": {n: {"pid": s.pid, "host": self.spec.element(n).host, "address": self.addresses.get(n),
                                  "log": s.log_path}
                              for n, s in self.started.items()}}
+
+
+def _tree_state(e: ElementSpec, tree: dict[str, dict]) -> tuple[str, dict]:
+    """(state, load) of element ``e`` in one MA's tree."""
+    r = replica_count(e)
+    if r == 1:
+        te = tree.get(e.name, {})
+        return te.get("state", "absent"), te.get("load") or {}
+    # NAME-1..N: "alive" when all are, else "k/N"; loads summed
+    reps = [tree.get(n) for n in replica_names(e)]
+    up = sum(1 for t in reps if t and t.get("state", "alive") == "alive")
+    state = "alive" if up == r else "absent" if up == 0 else f"{up}/{r}"
+    load: dict = {}
+    for t in reps:
+        for k, v in ((t or {}).get("load") or {}).items():
+            if isinstance(v, (int, float)) and k in ("num_running", "num_waiting", "completed"):
+                load[k] = load.get(k, 0) + v
+    return state, load
 
 
 def format_status(rows: list[dict]) -> str:
@@ -224,6 +266,9 @@ def format_status(rows: list[dict]) -> str:
         for i, k in enumerate(kids):
             walk(k, prefix + ("" if top else ("   " if last else "│  ")), i == len(kids) - 1, False)
 
-    for i, r in enumerate(children.get(None, [])):
+    roots = children.get(None, [])
+    if len(roots) > 1:    # several MAs are one redundant root: their children, under the last one
+        children[roots[-1]["name"]] = [k for r in roots for k in children.pop(r["name"], [])]
+    for r in roots:
         walk(r, "", True, True)
     return "\n".join(lines)

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..address import parse_address
+from ..address import parse_address, parse_addresses
 from ..errors import ConfigError, GridRPCError
 from .config import format_mix, parse_args, parse_mix
 
@@ -83,8 +83,13 @@ def parse_timespan(text: str) -> float:
 
 def normalise_address(target: str) -> str:
     """The master agent address of the command line (any form
-    :mod:`gridrpc.address` accepts) -> ``tcp://host:port``/``ipc://...``."""
-    return parse_address(target, what="target (a deployment file or a master agent address)")
+    :mod:`gridrpc.address` accepts) -> ``tcp://host:port``/``ipc://...``;
+    several MAs, comma-separated, stay a comma-separated list (the users
+    take them in turn)."""
+    what = "target (a deployment file or a master agent address)"
+    if "," in target:
+        return ",".join(parse_addresses(target, what=what))
+    return parse_address(target, what=what)
 
 
 def locust_missing() -> str | None:

@@ -26,6 +26,7 @@ locust's statistics and the client's own measurements side by side.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ class _Budget:
 
 
 BUDGET = _Budget()
+_USERS = itertools.count()      # several master agents: users take them in turn
 
 
 class OwnStats:
@@ -162,7 +164,11 @@ class GridRPCUser(User):
             BUDGET.limit = int(self.max_requests)
         self._entries: list[MixEntry] = list(self.config.mix)
         self._weights = [e.weight for e in self._entries]
-        self.client = GreenClient(self.config.master_agent, timeout=self.config.timeout,
+        mas = [a.strip() for a in str(self.config.master_agent).split(",") if a.strip()]
+        # GRIDRPC_MA=a,b (a deployment with several MAs): each user talks to one MA, in turn
+        # (the gevent client keeps one MA; the load is spread, there is no failover between MAs)
+        self.ma = mas[next(_USERS) % len(mas)] if len(mas) > 1 else self.config.master_agent
+        self.client = GreenClient(self.ma, timeout=self.config.timeout,
                                   discovery_timeout=min(5.0, self.config.timeout))
         self._bound: dict[str, object] = {}
         self._rng = random.Random()

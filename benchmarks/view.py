@@ -60,6 +60,7 @@ HERD_SLEEP = 0.2
 STALE_CALL = 0.4        # s: the bound call that makes X busy
 STALE_POLL = 0.3        # s: how long discovery is polled after it is sent
 SILENT_HB_TIMEOUT = 30.0
+VIEW_MAX_AGE = 1.5      # s: the MA's default (gridrpc.core.view.DEFAULT_MAX_AGE)
 
 
 class FanoutClient(gridrpc.AsyncClient):
@@ -114,13 +115,17 @@ async def _seq(fn, warmup: int, n: int) -> dict:
     return {**latency(out), "errors": len(errors), "error_samples": errors[:3]}
 
 
-async def _window(fn, seconds: float, errors: list) -> list[float]:
+async def _window(fn, seconds: float, errors: list, starts: list | None = None) -> list[float]:
+    """Sequential requests for ``seconds``; ``starts``: filled with each one's start (s from the first)."""
     out = []
-    end = time.perf_counter() + seconds
+    begin = time.perf_counter()
+    end = begin + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         await _tried(fn, errors)
         out.append(time.perf_counter() - t0)
+        if starts is not None:
+            starts.append(t0 - begin)
     return out
 
 
@@ -201,7 +206,8 @@ async def _silent(procs_by_kind: dict, ma: str, quick: bool) -> dict:
             errs: dict[str, list] = {"view": [], "fanout": []}
             os.kill(proc.pid, signal.SIGSTOP)
             try:
-                frozen = {"view": await _window(lambda: c.discover("add", 3), window, errs["view"])}
+                starts: list[float] = []
+                frozen = {"view": await _window(lambda: c.discover("add", 3), window, errs["view"], starts)}
                 res["view_answers_while_frozen"] = dict(src)
                 frozen["fanout"] = await _window(lambda: c.discover("add", 3, max_age=0), window / 2, errs["fanout"])
             finally:
@@ -211,6 +217,14 @@ async def _silent(procs_by_kind: dict, ma: str, quick: bool) -> dict:
                 res[mode] = {"alive": alive[mode], "frozen": f,
                              "added_median_ms": f["median_ms"] - alive[mode]["median_ms"],
                              "added_p99_ms": f["p99_ms"] - alive[mode]["p99_ms"]}
+            # the view's two regimes: the frozen child's snapshot still fresh (< view_max_age, 1.5 s),
+            # then stale (a fan-out, and the child left out if its parent saw it miss a deadline)
+            for phase, keep in (("fresh", lambda t: t < VIEW_MAX_AGE), ("stale", lambda t: t >= VIEW_MAX_AGE)):
+                xs = [x for x, t in zip(frozen["view"], starts) if keep(t)]
+                if xs:
+                    f = latency(xs)
+                    res["view"][f"frozen_{phase}"] = f
+                    res["view"][f"added_median_{phase}_ms"] = f["median_ms"] - alive["view"]["median_ms"]
             out[kind] = res
             await asyncio.sleep(1.0 if quick else 2.5)   # pushes and heartbeats back
     out["how"] = (f"SIGSTOP one child (SeD process, then LA), sequential discover('add', 3) for {window}s "

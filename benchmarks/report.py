@@ -72,6 +72,30 @@ def security_cost(res: dict) -> dict:
     return out
 
 
+SILENT_NOISE_MS = 0.5      # "adds nothing": within this of the same requests with every child alive
+
+
+def stale_worst(res):
+    """Worst trial of the staleness row (view): ms until the view shows the
+    busy SeD busy; inf when a trial never saw it busy within its polls."""
+    st = _get(res, "view_staleness", "view")
+    if not isinstance(st, dict):
+        return None
+    if st.get("never_seen_busy"):
+        return float("inf")
+    return _get(st, "busy_seen_ms", "max") if isinstance(st.get("busy_seen_ms"), dict) else None
+
+
+def silent_added(res, kind, mode="view", what="added_median_ms"):
+    """Added median (ms) with the child frozen; for the view the worse of the
+    whole window and its phases (snapshot still fresh / stale), when measured."""
+    whole = _get(res, "view_silent", kind, mode, what)
+    if mode != "view" or what != "added_median_ms" or whole is None:
+        return whole
+    phases = [_get(res, "view_silent", kind, mode, f"added_median_{p}_ms") for p in ("fresh", "stale")]
+    return max([whole, *(x for x in phases if x is not None)])
+
+
 @dataclass(frozen=True)
 class Target:
     key: str
@@ -125,6 +149,18 @@ TARGETS = [
            lambda r: f"{security_ratio(r, 'array_8mb_curve', 'bw'):.2f}x plain"),
     Target("discovery_100", "discovery with 100 SeDs: median <= 15 ms", "discovery_100",
            _t(lambda r: med(r, "discovery_100") <= 15.0), lambda r: f"{med(r, 'discovery_100'):.2f} ms"),
+    # discovery from pushed state (issue #12, benchmarks/view.py)
+    Target("view_stale_50ms", "staleness: a busy SeD stops being chosen (the view shows it busy) within 50 ms, worst trial",
+           "view_staleness", _t(lambda r: stale_worst(r) <= 50.0),
+           lambda r: f"median {_get(r, 'view_staleness', 'view', 'busy_seen_ms', 'median'):.1f}, "
+                     f"worst {stale_worst(r):.1f} ms"),
+    Target("view_silent_child", f"one silent child: adds nothing, view median <= all alive + {SILENT_NOISE_MS} ms "
+           "(SeD, LA frozen; worst phase)", "view_silent",
+           _t(lambda r: max(silent_added(r, "sed"), silent_added(r, "la")) <= SILENT_NOISE_MS),
+           lambda r: f"SeD {silent_added(r, 'sed'):+.2f} ms, LA {silent_added(r, 'la'):+.2f} ms"),
+    Target("view_scale_2000", "discovery over 2,000 SeDs: p99 <= 10 ms (view)", "view_scale_2000",
+           _t(lambda r: _get(r, "view_scale_2000", "view", "p99_ms") <= 10.0),
+           lambda r: f"p99 {_get(r, 'view_scale_2000', 'view', 'p99_ms'):.2f} ms"),
     Target("idle_sed_rss", "idle SeD <= 60 MB RSS", "memory_sed",
            _t(lambda r: _get(r, "memory_sed", "rss_mb") <= 60.0),
            lambda r: f"{_get(r, 'memory_sed', 'rss_mb'):.1f} MB"),
@@ -261,6 +297,81 @@ def security_table(res: dict, cost: dict, targets: list[dict]) -> str:
         lines.append(f"| {label.removeprefix('gridrpc CURVE: ')} | {_fmt_main(res, plain_of(item), kind)[0]} "
                      f"| {_fmt_main(res, item, kind)[0]} | {c['ratio']:.2f}x ({c['cost_pct']:+.0f} %) | {cpu} "
                      f"| {_target_texts(targets, item)} | {_marks(targets, item)} |")
+    return "\n".join(lines)
+
+
+def _lat2(d) -> str:
+    return f"{d['median_ms']:.2f} / {d['p99_ms']:.2f} ms" + (f" ({d['errors']} failed)" if d.get("errors") else "")
+
+
+def _view_rows(res: dict) -> list[tuple[str, str, str, str]]:
+    """(item, label, view, fan-out) for the rows of benchmarks/view.py present in ``res``."""
+    rows = []
+    d = res.get("view_discovery_4")
+    if d:
+        rows.append(("view_discovery_4", "discover(add, 3), MA -> 2 LAs -> 4 SeDs, sequential: median / p99",
+                     _lat2(d["view"]), _lat2(d["fanout"])))
+    h = res.get("view_herd")
+    if h:
+        def herd(x):
+            return (f"max {x['max_on_one']['max']} on one server (median {x['max_on_one']['median']:g}), "
+                    f"{x['servers_used']['min']}-{x['servers_used']['max']}/8 servers used, done in "
+                    f"{x['completion_s']['median']:.2f} s (worst {x['completion_s']['max']:.2f}), "
+                    f"{x['extra_attempts']['median']:g} busy retries")
+        ideal = h["ideal"]
+        rows.append(("view_herd", f"herd: 16 clients x sleep at once on 8 single-slot SeDs, {len(h['view']['rounds'])} "
+                     f"rounds (ideal: {ideal['max_on_one']} on one, 8 used, {ideal['completion_s']:.2f} s)",
+                     herd(h["view"]), herd(h["fanout"])))
+    st = res.get("view_staleness")
+    if st:
+        def stale(x):
+            b = x.get("busy_seen_ms")
+            txt = f"median {b['median']:.1f} ms, worst {b['max']:.1f} ms" if b else "never"
+            if x.get("never_seen_busy"):
+                txt += f", {x['never_seen_busy']} trial(s) never"
+            return txt + f" ({len(x['trials'])} trials)"
+        rows.append(("view_staleness", "staleness: a bound call makes SeD X busy; polled discovery shows X busy after",
+                     stale(st["view"]), stale(st["fanout"])))
+    si = res.get("view_silent")
+    if si:
+        for kind, what in (("sed", "a SeD process"), ("la", "an LA")):
+            if kind not in si:
+                continue
+
+            def added(x):
+                txt = (f"{x['added_median_ms']:+.2f} ms median, {x['added_p99_ms']:+.1f} ms p99 "
+                       f"(frozen {x['frozen']['median_ms']:.2f} / {x['frozen']['p99_ms']:.1f} ms, n={x['frozen']['n']})")
+                if "frozen_stale" in x:
+                    txt += (f"; first 1.5 s {x['added_median_fresh_ms']:+.2f} ms median, after "
+                            f"{x['added_median_stale_ms']:+.2f} ms median (n={x['frozen_stale']['n']})")
+                return txt
+            rows.append(("view_silent", f"one silent child: {what} frozen (SIGSTOP), added vs all alive",
+                         added(si[kind]["view"]), added(si[kind]["fanout"])))
+    for n in (500, 2000):
+        x = res.get(f"view_scale_{n}")
+        if x:
+            rows.append((f"view_scale_{n}", f"discover(add, 10) over {n:,} SeDs (4 LAs x --replicas {n // 4}): "
+                         "median / p99", _lat2(x["view"]), _lat2(x["fanout"])))
+    return rows
+
+
+def view_table(res: dict, targets: list[dict], skipped: dict | None = None) -> str:
+    """Discovery from pushed state (issue #12): the view against the forced
+    fan-out (``max_age=0``), same run, with the targets next to the rows."""
+    rows = _view_rows(res)
+    skipped = {k: v for k, v in (skipped or {}).items() if k.startswith("view_")}
+    if not rows and not skipped:
+        return ""
+    lines = ["| discovery from pushed state | view (default) | fan-out (max_age=0) | target | mark |",
+             "|---|---|---|---|---|"]
+    marked: set[str] = set()
+    for item, label, v, f in rows:
+        first = item not in marked        # the two silent-child rows share one target
+        marked.add(item)
+        lines.append(f"| {label} | {v} | {f} | {_target_texts(targets, item) if first else ''} "
+                     f"| {_marks(targets, item) if first else ''} |")
+    for item, why in skipped.items():
+        lines.append(f"| {item} | skipped | {why} | {_target_texts(targets, item)} | n/a |")
     return "\n".join(lines)
 
 

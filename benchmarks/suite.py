@@ -4,9 +4,10 @@
     gridrpc bench ...            (same options)
 
 Names for ``--only`` are item names (``call_bound``, ``ray_8mb`` ...) or
-groups: ``floor``, ``tree``, ``curve``, ``discovery``, ``memory``, ``ray``,
-``dask``, ``gridrpc`` (tree + curve + discovery + memory), ``peers`` (ray +
-dask). A ``*_curve`` item (tree A with CURVE) always brings its plain item:
+groups: ``floor``, ``tree``, ``curve``, ``discovery``, ``view``, ``memory``,
+``ray``, ``dask``, ``gridrpc`` (tree + curve + discovery + view + memory),
+``peers`` (ray + dask). ``view``: discovery from pushed state against the
+forced fan-out (benchmarks/view.py, issue #12). A ``*_curve`` item (tree A with CURVE) always brings its plain item:
 the secure / plain ratio compares two rows of the same run.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import floor, grid, peers, report
+from . import floor, grid, peers, report, view
 from .procs import REPO, TOKEN, TOKEN_VAR, Procs, sweep
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -29,11 +30,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tree": grid.TREE_ITEMS + grid.DIAG_ITEMS,
     "curve": grid.CURVE_ITEMS,
     "discovery": ("discovery_100",),
+    "view": view.ITEMS,
     "memory": ("memory_sed", "memory_replicas"),
     "ray": ("ray_call", "ray_throughput", "ray_8mb"),
     "dask": ("dask_call", "dask_throughput", "dask_8mb"),
 }
-ALIASES = {"gridrpc": ("tree", "curve", "discovery", "memory"), "peers": ("ray", "dask")}
+ALIASES = {"gridrpc": ("tree", "curve", "discovery", "view", "memory"), "peers": ("ray", "dask")}
 ALL_ITEMS = tuple(i for g in GROUPS.values() for i in g)
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -121,6 +123,7 @@ def run(items: set[str], quick: bool, log=print) -> dict:
         finally:
             sweep()
         setup.update(out.pop("_setup_s", {}))
+        skipped.update({k: v for k, v in out.pop("_skipped", {}).items() if k in items})
         versions.update(out.pop("_version", {}))
         res.update({k: v for k, v in out.items() if k in items})
         log(f"[bench] {name} done in {time.monotonic() - t0:.1f}s")
@@ -137,6 +140,7 @@ def run(items: set[str], quick: bool, log=print) -> dict:
     step("tree", GROUPS["tree"], with_procs(lambda p, todo: grid.run_tree(p, todo, quick)))
     step("curve", GROUPS["curve"], with_procs(lambda p, todo: grid.run_tree(p, todo, quick, secure=True)))
     step("discovery", GROUPS["discovery"], with_procs(lambda p, todo: grid.run_discovery_100(p, quick)))
+    step("view", GROUPS["view"], lambda todo: view.run(todo, quick))     # its own Procs per tree
     step("memory", GROUPS["memory"], with_procs(lambda p, todo: grid.run_memory(p, todo, quick)))
     for which in ("ray", "dask"):
         why = peers.available(which) if set(GROUPS[which]) & items else None
@@ -182,11 +186,17 @@ def run_cli(a: argparse.Namespace, prog: str = "python -m benchmarks") -> int:
     print(f"\n{' '.join(argv)}  ({meta['cpus']} CPUs, {meta['cpu']}, python {meta['python']}, "
           f"pyzmq {meta['pyzmq']}/libzmq {meta['libzmq']}, {meta['duration_s']}s, "
           f"load {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f})\n")
-    print(report.table(out["results"], targets, out["skipped"]))
-    print()
+    main_table = report.table(out["results"], targets, out["skipped"])
+    if main_table.count("\n") > 1:          # not only the header (e.g. --only view)
+        print(main_table)
+        print()
     sec = report.security_table(out["results"], doc["security_cost"], targets)
     if sec:
         print(sec)
+        print()
+    vt = report.view_table(out["results"], targets, out["skipped"])
+    if vt:
+        print(vt)
         print()
     cpu = report.cpu_table(out["results"])
     if cpu:

@@ -138,3 +138,40 @@ def test_two_mas_under_security(tmp_path):
         d.close()
     assert len(pids) == 5 and all(_gone(p) for p in pids)
     assert not _procs_in(state)
+
+
+def test_two_sites_federated_by_their_deployment_files(tmp_path):
+    """Two deployments (two sites) whose MAs list each other in ``peers:``:
+    a client of site A gets the service only site B offers; both come down
+    clean."""
+    import socket
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    pa, pb = port(), port()
+    site_a = {"heartbeat": {"interval": 0.3, "timeout": 1.0},
+              "master_agent": {"name": "MA-A", "port": pa, "peers": [f"tcp://127.0.0.1:{pb}"]},
+              "seds": [{"name": "sed-a", "parent": "MA-A", "isolation": "inline",
+                        "services": ["gridrpc.examples.services:add"]}]}
+    site_b = {"heartbeat": {"interval": 0.3, "timeout": 1.0},
+              "master_agent": {"name": "MA-B", "port": pb, "peers": [f"tcp://127.0.0.1:{pa}"], "peer_hops": 1},
+              "seds": [{"name": "sed-b", "parent": "MA-B", "isolation": "inline",
+                        "services": ["gridrpc.examples.services:echo"]}]}
+    da = Deployment(parse(site_a, name="site-a"), state_dir=tmp_path / "a", progress=lambda line: None)
+    db = Deployment(parse(site_b, name="site-b"), state_dir=tmp_path / "b", progress=lambda line: None)
+    pids: list[int] = []
+    try:
+        ma_a = da.up()["ma"]
+        db.up()
+        pids = [s.pid for d in (da, db) for s in d.started.values()]
+        with gridrpc.Client(ma_a, discovery_timeout=5, timeout=20) as c:
+            assert c.call("add", 1, 2) == 3
+            call = c.submit("echo", "from site A")
+            assert call.result(timeout=20) == "from site A" and call.server == "sed-b"
+    finally:
+        for d in (da, db):
+            d.down()
+            d.close()
+    assert len(pids) == 4 and all(_gone(p) for p in pids)

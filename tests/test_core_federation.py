@@ -118,3 +118,44 @@ def test_without_peers_nothing_changes():
     st = ma(peers=())
     (ans,) = replies(discover(st))
     assert ans["error"]["kind"] == "service_not_found"
+
+
+def _with_local_sed(st, est_wait):
+    """One local SeD offering 'solve', its pushed snapshot showing ``est_wait``."""
+    mt, h = m.parse_header(m.dumps(m.make(MsgType.REGISTER, "reg", name="sed-a", kind="sed", address="tcp://a:7",
+                                          pid=7, services=[{"name": "solve"}])))
+    st.handle(Received(b"sed-a", mt, h), 0.0)
+    vec = {"tcomp": 1.0, "eft": 100.0, "est_wait": est_wait, "num_waiting": 5, "num_running": 1,
+           "max_concurrent": 1, "free_cpu": 0.0, "server_type": "serial"}
+    mt, h = m.parse_header(m.dumps(m.make(MsgType.VIEW, "v", name="sed-a",
+                                          entries=[{"name": "sed-a", "common": {}, "services": {"solve": vec},
+                                                    "age_ms": 0}])))
+    st.handle(Received(b"sed-a", mt, h), 0.0)
+
+
+def test_a_saturated_site_asks_its_peers_and_ranks_both():
+    st = ma(peer_busy_wait=10.0)
+    _with_local_sed(st, est_wait=60.0)                    # a minute of queue here
+    acts = discover(st, now=0.1)
+    fwd = [a for a in acts if isinstance(a, SendPeer)]
+    assert fwd and not replies(acts) and st.statistics().forwarded_busy == 1
+    idle = {"name": "sed-b", "address": "tcp://site-b:7000",
+            "estimation": {"tcomp": 1.0, "eft": 1.0, "est_wait": 0.0, "num_waiting": 0, "num_running": 0,
+                           "max_concurrent": 1, "free_cpu": 1.0, "server_type": "serial", "time_since_last_solve": 1e9}}
+    (ans,) = replies(from_peer(st, B, MsgType.SERVERS, fwd[0].header["id"], servers=[idle], name="B", now=0.12))
+    assert [s["name"] for s in ans["servers"]] == ["sed-b", "sed-a"]      # the idle remote one first, both kept
+
+
+def test_a_busy_site_with_its_peer_cut_off_still_answers_locally():
+    st = ma(peer_busy_wait=10.0)
+    _with_local_sed(st, est_wait=60.0)
+    fwd = next(a for a in discover(st, now=0.1) if isinstance(a, SendPeer))
+    (ans,) = replies(st.handle(PeerUnreachable(B, fwd.header["id"]), 0.11))
+    assert ans["type"] == "servers" and [s["name"] for s in ans["servers"]] == ["sed-a"]
+
+
+def test_a_site_not_busy_enough_answers_alone():
+    st = ma(peer_busy_wait=10.0)
+    _with_local_sed(st, est_wait=2.0)
+    acts = discover(st, now=0.1)
+    assert not [a for a in acts if isinstance(a, SendPeer)] and replies(acts)[0]["servers"][0]["name"] == "sed-a"

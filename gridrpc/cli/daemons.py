@@ -78,6 +78,9 @@ def add_daemon_parsers(sub) -> None:
                         "in --keys, a .key file, or the key itself)")
     p.add_argument("--peer-hops", type=int, default=2, metavar="N",
                    help="how far a discovery may travel from peer to peer (default 2, at most 4)")
+    p.add_argument("--peer-busy-wait", type=float, default=None, metavar="S",
+                   help="also ask the peers when every local server of the service would make a call wait "
+                        "more than S seconds (est_wait); default: only for services this tree lacks")
 
     p = sub.add_parser("la", help="run a Local Agent")
     _common_daemon(p, 0)
@@ -190,7 +193,8 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                     raise ConfigError(f"the HTTP token in {a.http_token_file} is too short (16 characters at least)")
             d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host,
                             http_token=token, events_file=a.events_file,
-                            rebuild_time=a.rebuild_time, peers=peers, peer_hops=a.peer_hops, **hb)
+                            rebuild_time=a.rebuild_time, peers=peers, peer_hops=a.peer_hops,
+                            peer_busy_wait=a.peer_busy_wait, **hb)
         elif a.cmd == "la":
             if not parent:
                 print("gridrpc la: error: --parent is required", file=sys.stderr)

@@ -84,6 +84,7 @@ class AgentConfig:
                                         # start (None: hb_timeout + hb_interval, every child is back by then)
     peers: tuple[str, ...] = ()     # root: peer master agents of other trees (core/agent_federation.py)
     peer_hops: int = 2              # how far a discovery may travel from peer to peer
+    peer_busy_wait: float | None = None   # root: also ask the peers when every local server's est_wait is over this
 
 
 class AgentState(Discovering, Federating, Catalogue):

@@ -32,6 +32,7 @@ class AgentStatistics:
     view_snapshots: int = 0         # SeD snapshots in the view
     view_updates: int = 0           # snapshots received
     forwarded: int = 0              # discoveries forwarded to peer master agents (federation)
+    forwarded_busy: int = 0         # of which: the local servers were all too busy
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -47,6 +48,7 @@ class _Counters:
     children_lost: int = 0
     view_answers: int = 0
     forwarded: int = 0
+    forwarded_busy: int = 0
 
 
 class Catalogue:
@@ -108,4 +110,4 @@ class Catalogue:
             bad_messages=c.bad_messages,
             answers_ignored=c.answers_ignored, children_lost=c.children_lost, view_answers=c.view_answers,
             view_snapshots=len(self.view.seds), view_updates=self.view.updates,
-            forwarded=c.forwarded)
+            forwarded=c.forwarded, forwarded_busy=c.forwarded_busy)

@@ -162,7 +162,8 @@ class Discovering:
         if self.role.root and self.config.view and children:
             header = self._view_answer(h, service, k, agg, now)
             if header is not None:
-                return [self._to(reply_to, header)]
+                busy = self._federate_busy(h, reply_to, service, k, agg, header["servers"], budget, now, user)
+                return busy if busy is not None else [self._to(reply_to, header)]
         budget = max(MIN_BUDGET_S, self.latency.deadline(children, budget))   # a silent child costs ms
         self._seq += 1
         fid = f"{self.name}:{self._seq}"

@@ -22,6 +22,12 @@ hop limit and the list of MAs it went through (``hops``, ``via``):
   retried by clients, so a partition between sites fails fast with a clear
   message instead of the call's whole timeout.
 
+A service the local tree offers, but whose servers are all busy beyond
+``config.peer_busy_wait`` seconds (their ``est_wait`` in the MA's view; off
+by default), is asked of the peers too: the local servers and the peers'
+are ranked together, so a saturated site sends work to an idle one (only
+from a view answer, the MA's usual path; a fan-out answer is not re-asked).
+
 Under security, only an *element* key (another site's MA, whose public key
 the operator put in this MA's key directory) may send a DISCOVER with
 ``via``: a client cannot pose as a peer.
@@ -39,6 +45,7 @@ from .messages import MsgType
 __all__ = ["Federating", "PEER_PREFIX", "MAX_PEER_HOPS"]
 
 PEER_PREFIX = "peer:"          # how a peer is named among a pending discovery's "children"
+LOCAL = "local:"               # the local servers' answer, when a busy tree asks its peers too
 MAX_PEER_HOPS = 4              # the largest ``hops`` a message may carry (fields.py)
 
 
@@ -55,19 +62,38 @@ class Federating:
     """The federation transitions of :class:`~gridrpc.core.agent.AgentState`
     (state: ``config.peers``, ``config.peer_hops``, ``_forwarded``)."""
 
-    def _federate(self, h: dict, reply_to: tuple, service: str, k: int, agg, budget: float, now: float,
-                  user: str | None) -> list | None:
-        """Forward a discovery the local tree cannot answer to the peers; None
-        when there is nothing to forward (no peers, no hops left)."""
-        peers = self.config.peers
-        if not peers or not self.role.root:
-            return None
-        via = list(h.get("via") or ())
+    def _hops_left(self, h: dict, user: str | None) -> int:
+        """How many more hops this discovery may travel (0: not forwarded)."""
+        if not self.config.peers or not self.role.root:
+            return 0
+        via = h.get("via") or ()
         if via and user is not None and not user.startswith("element:"):
-            return None                         # under security only an MA (an element key) forwards
+            return 0                            # under security only an MA (an element key) forwards
         hops = self.config.peer_hops if h.get("hops") is None else min(h["hops"], self.config.peer_hops)
-        if hops <= 0 or self.name in via or len(via) >= MAX_PEER_HOPS:
+        if self.name in via or len(via) >= MAX_PEER_HOPS:
+            return 0
+        return max(0, hops)
+
+    def _federate_busy(self, h: dict, reply_to: tuple, service: str, k: int, agg, local: list, budget: float,
+                       now: float, user: str | None) -> list | None:
+        """The local servers of a view answer are all busy beyond
+        ``config.peer_busy_wait`` (their ``est_wait``): ask the peers too, and
+        rank their servers with the local ones. None: answer locally."""
+        bound = self.config.peer_busy_wait
+        if bound is None or not local or min(_wait(s) for s in local) <= bound:
             return None
+        return self._federate(h, reply_to, service, k, agg, budget, now, user, local=local)
+
+    def _federate(self, h: dict, reply_to: tuple, service: str, k: int, agg, budget: float, now: float,
+                  user: str | None, local: list | None = None) -> list | None:
+        """Forward a discovery to the peers: the local tree cannot answer it
+        (``local`` None), or its servers (``local``) are all too busy. None
+        when there is nothing to forward (no peers, no hops left)."""
+        hops = self._hops_left(h, user)
+        if hops <= 0:
+            return None
+        peers = self.config.peers
+        via = list(h.get("via") or ())
         self._seq += 1
         fid = f"{self.name}:f{self._seq}"
         fwd = dict(h, id=fid, hops=hops - 1, via=via + [self.name], budget_ms=child_budget_ms(budget), k=k)
@@ -77,8 +103,11 @@ class Federating:
         if reply_to[0] == "peer":
             self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
         out: list = [SendPeer(p, fwd) for p in peers]
-        done = self.discoveries.start(fid, (reply_to, h["id"], service, k), [PEER_PREFIX + p for p in peers],
-                                      k, agg, now + budget, now)
+        waiting = [PEER_PREFIX + p for p in peers] + ([LOCAL] if local is not None else [])
+        done = self.discoveries.start(fid, (reply_to, h["id"], service, k), waiting, k, agg, now + budget, now)
+        if local is not None:
+            self.counters.forwarded_busy += 1
+            done = self.discoveries.answer(fid, LOCAL, local, now)
         if done is not None:
             out.extend(self._finish(done, now))
         return out
@@ -124,3 +153,10 @@ class Federating:
         others = ", ".join(f.peers)
         return m.error_header(rid, "service_not_found",
                               f"no server offers {service!r} in {self.name}'s tree nor in its peers' ({others})")
+
+
+def _wait(server: dict) -> float:
+    """A server's announced wait before a free slot (``est_wait``; 0 if none)."""
+    est = server.get("estimation")
+    w = est.get("est_wait") if isinstance(est, dict) else None
+    return float(w) if type(w) in (int, float) and w == w else 0.0

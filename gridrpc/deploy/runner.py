@@ -226,6 +226,8 @@ class Deployment(StartUp, TearDown, DeploymentState):
                     cmd += ["--peer-key", str(e.options["peer_keys"][i])]
             if e.options.get("peer_hops") is not None:
                 cmd += ["--peer-hops", str(e.options["peer_hops"])]
+            if e.options.get("peer_busy_wait") is not None:
+                cmd += ["--peer-busy-wait", str(e.options["peer_busy_wait"])]
         if e.kind in ("ma", "la"):
             for target in self.spec.aggregator_plugins:
                 cmd += ["--plugin", target]

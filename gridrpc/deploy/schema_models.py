@@ -209,6 +209,9 @@ class MasterAgentModel(_Model):
     peer_keys: Annotated[list[Text], BeforeValidator(_one_or_list_raw)] | None = None
     #: how far a discovery may travel from peer to peer (gridrpc ma --peer-hops; default 2)
     peer_hops: PeerHops | None = None
+    #: also ask the peers when every local server would make a call wait longer than this, s
+    #: (gridrpc ma --peer-busy-wait; default: only for services the tree lacks)
+    peer_busy_wait: NonNegFloat | None = None
     # peer_keys against peers, and peer_hops without peers: schema.check (with the key's line)
 
 

@@ -16,7 +16,8 @@ one redundant root, active-active (docs/reliability.md): an LA or SeD whose
 ``parent`` names any of them is attached to all of them (``--parent a,b``),
 and clients are given every MA's address, comma-separated. An MA entry may
 list ``peers`` (MAs of other trees, federation: ``gridrpc ma --peer``) with
-``peer_keys`` (security on: one per peer, same order) and ``peer_hops``.
+``peer_keys`` (security on: one per peer, same order), ``peer_hops`` and
+``peer_busy_wait``.
 
 ``host`` is ``localhost`` (this machine) or a key of ``hosts``. Each host may
 give ``address`` (the IP elements bind and advertise; default 127.0.0.1 for
@@ -216,6 +217,8 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
             options["peer_keys"] = list(ma.peer_keys)
         if ma.peer_hops is not None:
             options["peer_hops"] = ma.peer_hops
+        if ma.peer_busy_wait is not None:
+            options["peer_busy_wait"] = ma.peer_busy_wait
         elements.append(ElementSpec(name=ma.name, kind="ma", host=ma.host, port=ma.port, http_port=ma.http_port,
                                     options=options))
     for la, raw in zip(checked.local_agents, data.get("local_agents") or []):

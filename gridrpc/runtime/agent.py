@@ -48,7 +48,8 @@ class AgentRuntime:
                  security: Security | None = None, parent_key: bytes | list | None = None,
                  max_message_size: int = DEFAULT_MAX_MESSAGE,
                  rebuild_time: float | None = None, peers: list[str] | tuple[str, ...] = (),
-                 peer_keys: Mapping[str, bytes] | None = None, peer_hops: int = 2) -> None:
+                 peer_keys: Mapping[str, bytes] | None = None, peer_hops: int = 2,
+                 peer_busy_wait: float | None = None) -> None:
         self.name = name
         self.security = security
         self.parent_key = parent_key
@@ -61,7 +62,8 @@ class AgentRuntime:
         self.state = AgentState(
             AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
                         discovery_budget=discovery_budget, rebuild_time=rebuild_time,
-                        peers=tuple(peers) if (role is not None and role.root) else (), peer_hops=peer_hops),
+                        peers=tuple(peers) if (role is not None and role.root) else (), peer_hops=peer_hops,
+                        peer_busy_wait=peer_busy_wait),
             role or LocalRole(), random.Random(seed))
         handle = self._on_message
         self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},

@@ -264,3 +264,16 @@ def test_agent_fanout_ends_at_the_learnt_deadline_and_skips_the_silent_child_aft
     out = discover(s, 20.02, rid="dv")
     assert answered_from_view(out) and [x["name"] for x in out[0].header["servers"]] == ["sed-1"]
     assert not answered_from_view(discover(s, 21.5, rid="dp"))      # then it is probed again
+
+
+def test_power_of_two_looks_for_the_near_equal_group_among_the_first_places_only():
+    """On thousands of equal servers the first choice is spread over the
+    first HERD_GROUP places (not all of them: comparing 2,000 vectors cost
+    more than the rest of a view answer), and k are still returned."""
+    from gridrpc.core.view import HERD_GROUP
+    ranked = [{"name": f"s{i}", "estimation": vec()} for i in range(2000)]
+    firsts = {power_of_two(ranked, 3, random.Random(seed))[0]["name"] for seed in range(400)}
+    assert len(firsts) > 20                                     # spread, no herd
+    assert all(int(n[1:]) < HERD_GROUP for n in firsts)        # within the first places
+    out = power_of_two(ranked, 3, random.Random(7))
+    assert len(out) == 3 and len({s["name"] for s in out}) == 3

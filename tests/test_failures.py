@@ -120,6 +120,13 @@ def test_ma_restart_gets_whole_tree_back(proc_tree):
     with gridrpc.Client(ma.address) as c:
         wait_for(lambda: tree_names(c) == want, 15, "tree re-registered with the new MA")
         assert c.call("add", 20, 22) == 42
+        # the new MA's view holds the idle SeD under the LA too (the LA pushes its whole view when a
+        # parent registers it anew), so discoveries are answered in one hop again, not by fan-outs
+        wait_for(lambda: _ma_load(c).get("view_snapshots") == 2, 5, "both SeDs in the new MA's view")
+
+
+def _ma_load(c) -> dict:
+    return next((e.get("load") or {} for e in c.tree() if e["name"] == "MA"), {})
 
 
 def test_frozen_sed_dropped_then_back(proc_tree):

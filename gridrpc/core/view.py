@@ -154,6 +154,12 @@ class SubtreeView:
                 if self.flush_at is None:
                     self.flush_at = now + self.push_interval
 
+    def resend_all(self, now: float) -> None:
+        """Push every snapshot again with the next batch (the parent restarted
+        or registered us anew: it knows none of them)."""
+        for name in self.seds:
+            self._dirty(name, now)
+
     def drop_via(self, via: str, now: float) -> None:
         for name in [n for n, s in self.seds.items() if s.via == via]:
             del self.seds[name]

@@ -131,7 +131,8 @@ class AgentRuntime:
                                    heartbeat_info=self._heartbeat_info, on_message=self._on_parent,
                                    hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
                                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
-                                   security=self.security, parent_key=self.parent_key)
+                                   security=self.security, parent_key=self.parent_key,
+                                   on_attached=self._on_attached)
             self.link.start()
         if self.link is not None:
             self.uplink = EventsUplink(self.name, self.outbox, self.link.send)
@@ -176,6 +177,13 @@ class AgentRuntime:
 
     def _heartbeat_info(self) -> dict:
         return self.state.heartbeat_info(time.monotonic(), time.time())
+
+    def _on_attached(self) -> None:
+        """A parent registered us (first time, after a loss, or it restarted):
+        it has none of our subtree's snapshots; push them all (the next VIEW
+        batch), or its view would miss the idle SeDs until their load changes."""
+        self.state.view.resend_all(time.monotonic())
+        self._rearm()
 
     def _feed(self, event: object) -> None:
         """An event from the peer links (federation)."""

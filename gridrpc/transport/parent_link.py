@@ -39,8 +39,10 @@ class ParentLink:
                  hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  orphan_timeout: float | None = None, on_orphaned: Callable[[], None] | None = None,
                  warn_after: float = 5.0, warn_every: float = 30.0,
-                 security: "Security | None" = None, parent_key: bytes | None = None) -> None:
+                 security: "Security | None" = None, parent_key: bytes | None = None,
+                 on_attached: Callable[[], None] | None = None) -> None:
         self.name = name
+        self.on_attached = on_attached      # the parent (again) knows us: what it needs beyond REGISTER
         # CURVE to the parent: our element key, the parent's public key pinned
         self._socket_options = security.client_options(parent_key) if security is not None and \
             security.enabled else {}
@@ -107,10 +109,13 @@ class ParentLink:
             self.last_ack = now
             if mt is MsgType.HEARTBEAT_ACK and not h.get("known", True):
                 log.info("%s: parent %s does not know us: registering again", self.name, self.parent)
+                self.attached = False           # its REGISTERED makes us attached again (on_attached)
                 self._send_register()
                 return
             if not self.attached:
                 log.info("%s: attached to parent %s", self.name, self.parent)
+                if self.on_attached is not None:
+                    self.on_attached()
             self.attached = True
             self.lost_since = None
             self._next_warning = None

@@ -75,6 +75,35 @@ class PushRule:
         self.pushed = key
         self.due = None
 
+    def take(self, key: tuple, force: bool) -> bool:
+        """A push is due (its timer fired, ``force``: a heartbeat or a
+        registration) and the load is now ``key``: whether to send it. Not
+        ``force``d, nothing is sent when the load came back to what was
+        pushed last (a call shorter than the coalescing delay)."""
+        if not force and key == self.pushed:
+            self.due = None
+            return False
+        self.done(key)
+        return True
+
+
+def load_key(scheduler) -> tuple[bool, int, int]:
+    """What a replica's snapshot depends on, from its
+    :class:`~gridrpc.core.queue.SedScheduler`: (no free slot, running,
+    waiting). :class:`PushRule` pushes when it changes."""
+    running = len(scheduler.running)
+    return (running >= scheduler.max_concurrent, running, len(scheduler.requests) - running)
+
+
+def sed_entry(name: str, vectors: dict) -> dict | None:
+    """The VIEW entry a SeD replica sends for its snapshot ``{service:
+    vector}`` (the services whose estimation does not depend on the
+    request); None when there is none to push."""
+    if not vectors:
+        return None
+    common, own = split_common(vectors)
+    return {"name": name, "common": common, "services": own, "age_ms": 0}
+
 
 # -- an agent's view ------------------------------------------------------------
 @dataclass(slots=True)

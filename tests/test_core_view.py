@@ -246,3 +246,32 @@ def test_agent_fanout_ends_at_the_learnt_deadline_and_skips_the_silent_child_aft
     out = discover(s, 20.02, rid="dv")
     assert answered_from_view(out) and [x["name"] for x in out[0].header["servers"]] == ["sed-1"]
     assert not answered_from_view(discover(s, 21.5, rid="dp"))      # then it is probed again
+
+
+def test_near_equal_to_is_near_equal():
+    """The precomputed test power_of_two uses gives near_equal's answer
+    (perturbed vectors: tags missing, None, NaN, strings, small and large moves)."""
+    from gridrpc.core.view import near_equal_to
+    rng = random.Random(5)
+    base = {"tcomp": 1.0, "eft": 10.0, "est_wait": 0.0, "free_cpu": 0.5, "free_mem": 8e9, "nb_cpu": 4,
+            "total_mem": 16e9, "num_waiting": 0, "num_running": 1, "max_concurrent": 1,
+            "time_since_last_solve": 3.0, "server_type": "serial"}
+    keys = [*base, "price", "x"]
+    near = 0
+    for _ in range(5000):
+        a, b = dict(base), dict(base)
+        for d in (a, b):
+            for _ in range(rng.randrange(4)):
+                k = rng.choice(keys)
+                op = rng.randrange(4)
+                if op == 0:
+                    d.pop(k, None)
+                elif op == 1:
+                    d[k] = None
+                elif op == 2:
+                    d[k] = rng.choice([0, 1, 0.001, 1e9, float("nan"), float("inf"), "serial", True, [1]])
+                elif type(d.get(k)) in (int, float):
+                    d[k] = d[k] + rng.choice([0.0005, 0.01, 0.05, 1.0]) * rng.random()
+        assert near_equal_to(a)(b) == near_equal(a, b), (a, b)
+        near += near_equal(a, b)
+    assert 200 < near < 4800

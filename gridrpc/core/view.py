@@ -238,8 +238,7 @@ def candidates(view: SubtreeView, expected: dict, service: str, now: float, max_
                 continue
             return None
         age = now - s.at
-        if age > 0:
-            est = dict(est)
+        if age > 0:                     # ``est`` is a fresh dict (Snapshot.vector): aged in place
             t = est.get("time_since_last_solve")
             if type(t) in (int, float):
                 est["time_since_last_solve"] = t + age
@@ -285,15 +284,61 @@ def near_equal(a: dict, b: dict) -> bool:
     return True
 
 
+_NUMBER = (int, float)
+isfinite = math.isfinite
+
+
+def near_equal_to(a: dict):
+    """``near_equal(a, ·)`` with ``a``'s side worked out once: the test
+    :func:`power_of_two` applies to every server of a view answer (100,000
+    at the root of a big tree). Same result as :func:`near_equal`."""
+    load = (_num(a.get("num_waiting")) or 0) + (_num(a.get("num_running")) or 0)
+    fixed = {t: x for t, x in a.items() if t not in _VOLATILE}
+    vol = [(t, _num(a.get(t)), tol) for t, tol in _VOLATILE.items() if tol is not None]
+    nfixed = len(fixed)
+
+    def near(b: dict) -> bool:
+        if load != (_num(b.get("num_waiting")) or 0) + (_num(b.get("num_running")) or 0):
+            return False
+        seen = 0
+        for tag, y in b.items():
+            if tag in _VOLATILE:
+                continue
+            if tag in fixed:
+                seen += 1
+                if fixed[tag] != y:
+                    return False
+            elif None != y:             # noqa: E711 - absent from ``a``: near_equal compares None != y
+                return False
+        if seen != nfixed:              # tags of ``a`` absent from ``b`` compare with None
+            for tag, x in fixed.items():
+                if tag not in b and x != None:      # noqa: E711
+                    return False
+        for tag, fx, tol in vol:
+            y = b.get(tag)
+            fy = float(y) if type(y) in _NUMBER and isfinite(y) else None      # _num, inlined
+            if fx is None or fy is None:
+                if (fx is None) != (fy is None):
+                    return False
+                continue
+            if isinstance(tol, tuple):
+                tol = tol[1] * max(abs(fx), abs(fy))
+            if abs(fx - fy) > tol:
+                return False
+        return True
+    return near
+
+
 def power_of_two(ranked: list[dict], k: int, rng: random.Random) -> list[dict]:
     """The aggregator's ranking with its first place given by a
     power-of-two choice among the servers near-equal to the best: two drawn
     at random, the better ranked wins. Returns the best ``k``."""
     if len(ranked) < 2 or k <= 0:
         return ranked[:k]
-    best = ranked[0].get("estimation") or {}
+    near = near_equal_to(ranked[0].get("estimation") or {})
+    n = len(ranked)
     group = 1
-    while group < len(ranked) and near_equal(best, ranked[group].get("estimation") or {}):
+    while group < n and near(ranked[group].get("estimation") or {}):
         group += 1
     if group < 2:
         return ranked[:k]

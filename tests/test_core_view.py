@@ -277,3 +277,32 @@ def test_power_of_two_looks_for_the_near_equal_group_among_the_first_places_only
     assert all(int(n[1:]) < HERD_GROUP for n in firsts)        # within the first places
     out = power_of_two(ranked, 3, random.Random(7))
     assert len(out) == 3 and len({s["name"] for s in out}) == 3
+
+
+def test_near_equal_to_is_near_equal():
+    """The precomputed test power_of_two uses gives near_equal's answer
+    (perturbed vectors: tags missing, None, NaN, strings, small and large moves)."""
+    from gridrpc.core.view import near_equal_to
+    rng = random.Random(5)
+    base = {"tcomp": 1.0, "eft": 10.0, "est_wait": 0.0, "free_cpu": 0.5, "free_mem": 8e9, "nb_cpu": 4,
+            "total_mem": 16e9, "num_waiting": 0, "num_running": 1, "max_concurrent": 1,
+            "time_since_last_solve": 3.0, "server_type": "serial"}
+    keys = [*base, "price", "x"]
+    near = 0
+    for _ in range(5000):
+        a, b = dict(base), dict(base)
+        for d in (a, b):
+            for _ in range(rng.randrange(4)):
+                k = rng.choice(keys)
+                op = rng.randrange(4)
+                if op == 0:
+                    d.pop(k, None)
+                elif op == 1:
+                    d[k] = None
+                elif op == 2:
+                    d[k] = rng.choice([0, 1, 0.001, 1e9, float("nan"), float("inf"), "serial", True, [1]])
+                elif type(d.get(k)) in (int, float):
+                    d[k] = d[k] + rng.choice([0.0005, 0.01, 0.05, 1.0]) * rng.random()
+        assert near_equal_to(a)(b) == near_equal(a, b), (a, b)
+        near += near_equal(a, b)
+    assert 200 < near < 4800

@@ -135,3 +135,80 @@ def test_costs_roundtrip(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(c.to_json())
     assert Costs.load(str(p)) == c
+
+
+# -- pushed state (docs/simulation.md "Scale") ------------------------------------------------
+def _one_discovery(w, k):
+    from gridrpc.sim.elements import User
+    c = w.client()
+    got = {}
+    orig = w.record_discovery
+
+    def rec(user, latency, h, ok):
+        got["h"] = h
+        orig(user, latency, h, ok)
+    w.record_discovery = rec
+    User(c, "u", service="noop", k=k, call=False, calls=1, think=None, user="u").begin()
+    w.sim.run(until=w.sim.now + 1.0)
+    return got["h"]
+
+
+def test_simulated_seds_push_views_and_the_ma_answers_from_them():
+    """Through a LA (SeD -> LA -> MA batches), the MA answers from its view
+    in one hop; without views every discovery fans out."""
+    for views in (True, False):
+        w = World(seed=4, views=views).build(elements_for("L2-2", 12))
+        w.wait_registered()
+        w.sim.run(until=w.sim.now + 0.2)
+        r = closed_loop(w, 4, seconds=0.3)
+        ma = w.agents["MA"]
+        assert r["call_failures"] == 0 and r["calls"] > 20
+        if views:
+            assert ma.state.counters.view_answers > 0 and r["view_answers"] == r["discoveries"]
+            assert len(ma.state.view.seds) == 12 and ma.state.view.refused == 0
+            assert "servers" not in r["ma_inbound_by_type"]         # no fan-out answers
+        else:
+            assert ma.state.counters.view_answers == 0 and r["view_answers"] == 0
+            assert sum(s.pushes for s in w.seds.values()) == 0
+
+
+def test_the_view_answer_ranks_as_the_core_on_the_seds_own_estimates():
+    """Same estimates, same seed: the MA's view answer (through a LA) is what
+    the core's aggregator and power-of-two choice give on the vectors the
+    SeD replicas compute themselves (scheduler_tags), aged as the view ages them."""
+    from gridrpc.core.view import power_of_two
+    w = World(seed=6, views=True).build(elements_for("L2-2", 8))
+    reps = [(s, r) for s in w.seds.values() for r in s.replicas.values()]
+    for i, (_, r) in enumerate(reps):
+        r.last_solve = -10.0 * (i + 1)          # distinct: the default aggregator ranks by it
+    w.wait_registered()
+    w.sim.run(until=w.sim.now + 0.1)
+    ma = w.agents["MA"].state
+    seen = {}
+    orig = ma._view_answer
+
+    def spy(h, service, k, agg, now):
+        seen["rng"], seen["now"] = ma.discoveries.rng.getstate(), now
+        return orig(h, service, k, agg, now)
+    ma._view_answer = spy
+    h = _one_discovery(w, k=8)
+    assert h.get("view") is True and ma.counters.view_answers == 1
+    now = seen["now"]
+    servers = []
+    for sed, r in reps:                         # the SeD's own vector when it pushed, aged by the view
+        taken = sed.answered_at[r.name]
+        est = sed.estimate(r, "noop", taken)
+        age = now - ma.view.seds[r.name].at
+        est["time_since_last_solve"] += age
+        est["est_wait"] = max(0.0, est["est_wait"] - age)
+        servers.append({"name": r.name, "address": sed.address, "estimation": est})
+    rng = random.Random()
+    rng.setstate(seen["rng"])
+    want = power_of_two(make_aggregator("default").rank(servers, rng), 8, rng)
+    assert [s["name"] for s in h["servers"]] == [s["name"] for s in want]
+    for got, exp in zip(h["servers"], want):
+        assert got["estimation"] == pytest.approx(exp["estimation"])
+    # and the order below the power-of-two pick is the LRU order of the fan-out
+    rest = [s["name"] for s in h["servers"] if s["name"] != h["servers"][0]["name"]]
+    lru = [r.name for _, r in reversed(reps)]
+    assert rest == [n for n in lru if n != h["servers"][0]["name"]]

@@ -26,6 +26,7 @@ ever imported (an import path in a request is an unknown name).
 from __future__ import annotations
 
 import math
+import operator
 import re
 import random
 from typing import Any, ClassVar, Protocol
@@ -52,10 +53,13 @@ def _est(server: dict) -> dict:
     return est if isinstance(est, dict) else {}
 
 
+_KEY_RANDOM = operator.itemgetter(0, 1)      # (key, random): the same order as ``lambda t: (t[0], t[1])``
+
+
 def _keyed(servers, rng, key):
     """Sort by key, random tie-break (random key drawn once per server)."""
     decorated = [(key(s), rng.random(), s) for s in servers]
-    decorated.sort(key=lambda t: (t[0], t[1]))
+    decorated.sort(key=_KEY_RANDOM)
     return [s for _, _, s in decorated]
 
 

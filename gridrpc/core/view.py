@@ -78,6 +78,35 @@ class PushRule:
         self.pushed = key
         self.due = None
 
+    def take(self, key: tuple, force: bool) -> bool:
+        """A push is due (its timer fired, ``force``: a heartbeat or a
+        registration) and the load is now ``key``: whether to send it. Not
+        ``force``d, nothing is sent when the load came back to what was
+        pushed last (a call shorter than the coalescing delay)."""
+        if not force and key == self.pushed:
+            self.due = None
+            return False
+        self.done(key)
+        return True
+
+
+def load_key(scheduler) -> tuple[bool, int, int]:
+    """What a replica's snapshot depends on, from its
+    :class:`~gridrpc.core.queue.SedScheduler`: (no free slot, running,
+    waiting). :class:`PushRule` pushes when it changes."""
+    running = len(scheduler.running)
+    return (running >= scheduler.max_concurrent, running, len(scheduler.requests) - running)
+
+
+def sed_entry(name: str, vectors: dict) -> dict | None:
+    """The VIEW entry a SeD replica sends for its snapshot ``{service:
+    vector}`` (the services whose estimation does not depend on the
+    request); None when there is none to push."""
+    if not vectors:
+        return None
+    common, own = split_common(vectors)
+    return {"name": name, "common": common, "services": own, "age_ms": 0}
+
 
 # -- an agent's view ------------------------------------------------------------
 @dataclass(slots=True)
@@ -277,6 +306,51 @@ def near_equal(a: dict, b: dict) -> bool:
     return True
 
 
+_NUMBER = (int, float)
+isfinite = math.isfinite
+
+
+def near_equal_to(a: dict):
+    """``near_equal(a, ·)`` with ``a``'s side worked out once: the test
+    :func:`power_of_two` applies to every server of a view answer (100,000
+    at the root of a big tree). Same result as :func:`near_equal`."""
+    load = (_num(a.get("num_waiting")) or 0) + (_num(a.get("num_running")) or 0)
+    fixed = {t: x for t, x in a.items() if t not in _VOLATILE}
+    vol = [(t, _num(a.get(t)), tol) for t, tol in _VOLATILE.items() if tol is not None]
+    nfixed = len(fixed)
+
+    def near(b: dict) -> bool:
+        if load != (_num(b.get("num_waiting")) or 0) + (_num(b.get("num_running")) or 0):
+            return False
+        seen = 0
+        for tag, y in b.items():
+            if tag in _VOLATILE:
+                continue
+            if tag in fixed:
+                seen += 1
+                if fixed[tag] != y:
+                    return False
+            elif None != y:             # noqa: E711 - absent from ``a``: near_equal compares None != y
+                return False
+        if seen != nfixed:              # tags of ``a`` absent from ``b`` compare with None
+            for tag, x in fixed.items():
+                if tag not in b and x != None:      # noqa: E711
+                    return False
+        for tag, fx, tol in vol:
+            y = b.get(tag)
+            fy = float(y) if type(y) in _NUMBER and isfinite(y) else None      # _num, inlined
+            if fx is None or fy is None:
+                if (fx is None) != (fy is None):
+                    return False
+                continue
+            if isinstance(tol, tuple):
+                tol = tol[1] * max(abs(fx), abs(fy))
+            if abs(fx - fy) > tol:
+                return False
+        return True
+    return near
+
+
 def power_of_two(ranked: list[dict], k: int, rng: random.Random) -> list[dict]:
     """The aggregator's ranking with its first place given by a
     power-of-two choice among the servers near-equal to the best: two drawn
@@ -287,9 +361,9 @@ def power_of_two(ranked: list[dict], k: int, rng: random.Random) -> list[dict]:
     64 servers (with the recent-choice memory on top) already stops a herd."""
     if len(ranked) < 2 or k <= 0:
         return ranked[:k]
-    best = ranked[0].get("estimation") or {}
+    near = near_equal_to(ranked[0].get("estimation") or {})
     group, limit = 1, min(len(ranked), HERD_GROUP)
-    while group < limit and near_equal(best, ranked[group].get("estimation") or {}):
+    while group < limit and near(ranked[group].get("estimation") or {}):
         group += 1
     if group < 2:
         return ranked[:k]

@@ -40,7 +40,7 @@ from ..core.queue import SedScheduler, make_policy
 from ..core.datastore import Where
 from ..core.refs import refs_in_light
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
-from ..core.view import PushRule, split_common
+from ..core.view import PushRule, load_key, sed_entry
 from ..errors import ConfigError
 from ..transport.channel import host_of
 from ..transport.endpoint import Endpoint
@@ -328,9 +328,7 @@ class SeD(CallsMixin):
         """The replica's queue changed: push its snapshot soon (coalesced)."""
         if r.link is None or self._closing:
             return
-        sch = r.scheduler
-        running = len(sch.running)
-        key = (running >= sch.max_concurrent, running, len(sch.requests) - running)
+        key = load_key(r.scheduler)
         at = r.push.changed(key, key[0], time.monotonic())
         if at is not None:
             if r.push_timer is not None:
@@ -346,19 +344,12 @@ class SeD(CallsMixin):
         r.push_timer = None
         if r.link is None or self._closing or not getattr(self.execution, "push_estimation", False):
             return
-        sch = r.scheduler
-        running = len(sch.running)
-        key = (running >= sch.max_concurrent, running, len(sch.requests) - running)
-        if not force and key == r.push.pushed:
-            r.push.due = None
+        if not r.push.take(load_key(r.scheduler), force):
             return
-        r.push.done(key)
-        vectors = {s.name: self.estimate(r, s, []) for s in self.services.values() if s.pushed}
-        if not vectors:
+        entry = sed_entry(r.name, {s.name: self.estimate(r, s, []) for s in self.services.values() if s.pushed})
+        if entry is None:
             return
-        common, own = split_common(vectors)
-        r.link.send(m.make(MsgType.VIEW, f"{r.name}:v{r.completed}", name=r.name,
-                           entries=[{"name": r.name, "common": common, "services": own, "age_ms": 0}]))
+        r.link.send(m.make(MsgType.VIEW, f"{r.name}:v{r.completed}", name=r.name, entries=[entry]))
 
     def _register_info(self, r: Replica) -> dict:
         if r.link is not None and not self._closing:       # after the REGISTER: the parent knows us then

@@ -23,18 +23,21 @@ class AgentNode(Node):
     kind = "agent"
 
     def __init__(self, world, name: str, host: Host, role, parent: bytes | None, *, seed: int,
-                 hb_interval: float = 1.0, hb_timeout: float = 5.0) -> None:
+                 hb_interval: float = 1.0, hb_timeout: float = 5.0, views: bool = False,
+                 view_max_age: float | None = None) -> None:
         super().__init__(world, name, host, role.kind)
         self.route = name.encode()
         self.parent = parent
         self.hb_interval = hb_interval
         self.state = AgentState(
             AgentConfig(name=name, parent=parent.decode() if parent else None, hb_interval=hb_interval,
-                        hb_timeout=hb_timeout),
+                        hb_timeout=hb_timeout, view=views,
+                        **({} if view_max_age is None else {"view_max_age": view_max_age})),
             role, random.Random(seed),
             info={"address": f"sim://{name}", "host": host.name, "pid": id(self) & 0xffffff, "started": 0.0})
         self._tick_at: float | None = None
         self._rereg = False
+        self._held: list = []       # VIEW batches waiting for the debounced REGISTER
         self._n = 0
 
     def start(self, at: float) -> None:
@@ -51,6 +54,9 @@ class AgentNode(Node):
         now = self.world.sim.now
         out.send(self.route, self.parent, m.make(MsgType.REGISTER, self._id(), name=self.name,
                                                  **self.state.register_info(now, now)))
+        for h in self._held:
+            out.send(self.route, self.parent, h)
+        self._held.clear()
 
     def _heartbeat_timer(self) -> None:
         self.local(self._heartbeat)
@@ -81,8 +87,16 @@ class AgentNode(Node):
             ta = type(a)
             if ta is Send:
                 out.send(self.route, a.to, a.header)
+                if a.header.get("view") is True:        # answered from the view: ranked every candidate
+                    out.items += a.header.get("answered") or 0
             elif ta is SendParent:
-                if self.parent is not None:
+                if self.parent is None:
+                    continue
+                if self._rereg and a.header.get("type") == "view":
+                    # the runtime registers again at once, so the parent knows the new SeDs before
+                    # their snapshots arrive; here the REGISTER is debounced: the VIEW waits for it
+                    self._held.append(a.header)
+                else:
                     out.send(self.route, self.parent, a.header)
             elif ta is ChildrenUpdated:
                 if a.reregister and not self._rereg and self.parent is not None:

@@ -43,6 +43,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--seconds", type=float, default=2.0, help="simulated seconds measured per shape")
     g.add_argument("--calls-per-client", type=float, default=0.02, help="calls per client in that window")
     g.add_argument("--replicas", type=int, default=32, help="SeDs per SeD process (per host)")
+    g.add_argument("--no-views", dest="views", action="store_false",
+                   help="SeDs push no snapshots: every discovery fans out (the default: pushed views)")
+    g.add_argument("--hb-interval", type=float, default=1.0, help="heartbeat period of every element (s); "
+                   "the view's freshness bound is 1.5 periods")
+    g.add_argument("--warmup", type=float, default=0.5, help="simulated seconds before the measured window")
     g.add_argument("--json")
     p.set_defaults(func=run)
     return p

@@ -15,7 +15,7 @@ __all__ = ["Node", "Out", "items", "size"]
 
 def items(h: dict) -> int:
     n = 0
-    for key in ("servers", "names", "elements"):
+    for key in ("servers", "names", "elements", "entries", "fresh", "gone"):
         v = h.get(key)
         if v:
             n += len(v)
@@ -34,18 +34,26 @@ def size(h: dict) -> int:
     v = h.get("elements")
     if v:
         n += 260 * len(v)
+    v = h.get("entries")            # pushed snapshots (VIEW)
+    if v:
+        n += 330 * len(v)
+    for key in ("fresh", "gone"):
+        v = h.get(key)
+        if v:
+            n += 12 * len(v)
     return n
 
 
 class Out:
     """What one job does when its CPU time is spent: send messages."""
-    __slots__ = ("node", "sends", "cost", "after")
+    __slots__ = ("node", "sends", "cost", "after", "items")
 
     def __init__(self, node: "Node") -> None:
         self.node = node
         self.sends: list = []
         self.cost = 0.0
         self.after: list = []
+        self.items = 0              # items handled that are in no message (a view answer's ranked candidates)
 
     def send(self, src: bytes, dst: bytes, header: dict) -> None:
         self.sends.append((src, dst, header))
@@ -89,7 +97,7 @@ class Node:
         c = self.world.costs
         k = self.kind
         nm = (1 if n_items >= 0 else 0) + len(out.sends)
-        ni = max(n_items, 0) + sum(items(s[2]) for s in out.sends)
+        ni = max(n_items, 0) + sum(items(s[2]) for s in out.sends) + out.items
         self.n_msgs += nm
         self.n_items += ni
         out.cost += c.msg(k) * nm + c.item(k) * ni

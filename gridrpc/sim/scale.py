@@ -10,14 +10,21 @@ import time
 from .world import World, elements_for, open_clients
 
 
-def run_shape(shape, n: int, clients: int, *, seconds: float, calls_per_client: float, replicas: int) -> dict:
+def run_shape(shape, n: int, clients: int, *, seconds: float, calls_per_client: float, replicas: int,
+              views: bool = True, hb_interval: float = 1.0, warmup: float = 0.5) -> dict:
     t = time.perf_counter()
     els = elements_for(shape, n, seds_per_proc=replicas, flat_procs=max(1, n // replicas))
-    w = World(seed=1, placement="cluster", sed_cores=replicas).build(els)
-    w.wait_registered()
+    w = World(seed=1, placement="cluster", sed_cores=replicas, views=views, hb_interval=hb_interval,
+              hb_timeout=5.0 * hb_interval).build(els)
+    w.wait_registered(limit=30.0 + 5 * hb_interval)
     t_reg = time.perf_counter() - t
-    r = open_clients(w, clients, seconds=seconds, calls_per_client=calls_per_client, client_procs=100)
+    sim_reg = w.sim.now
+    r = open_clients(w, clients, seconds=seconds, calls_per_client=calls_per_client, client_procs=100,
+                     warmup=warmup)
+    ma = w.agents["MA"].state
     r = {k: v for k, v in r.items() if k != "busy"}
+    r.update(views_at_ma=len(ma.view.seds), view_refused=ma.view.refused, hb_interval=hb_interval,
+             sim_register_s=sim_reg)
     r.update(shape=shape if isinstance(shape, str) else "+".join(map(str, shape)), seds=n, clients=clients,
              agents=sum(1 for e in els if e.kind != "sed"), offered_per_s=clients * calls_per_client / seconds,
              wall_s=time.perf_counter() - t, wall_register_s=t_reg)
@@ -29,13 +36,19 @@ def cmd_scale(a) -> int:
     for text in a.shapes.split(";" if ";" in a.shapes else ","):
         shape = [int(x) for x in text.split("+")] if "+" in text else text
         r = run_shape(shape, a.seds, a.clients, seconds=a.seconds, calls_per_client=a.calls_per_client,
-                      replicas=a.replicas)
+                      replicas=a.replicas, views=a.views, hb_interval=a.hb_interval, warmup=a.warmup)
         out.append(r)
-        print(f"{r['shape']:10s} agents {r['agents']:5d}: discovery median {r['discovery_median_ms']} ms, "
+        print(f"{r['shape']:10s} agents {r['agents']:5d} views {'on ' if a.views else 'off'}: "
+              f"{r['discoveries']} discoveries ({r['view_answers']} from the view), "
+              f"discovery median {_f(r['discovery_median_ms'])} ms p99 {_f(r['discovery_p99_ms'])} ms, "
               f"{r['throughput']:.1f} calls/s of {r['offered_per_s']:.0f} offered, MA in {r['ma_inbound_per_s']:.0f}/s, "
-              f"LA in max {r['la_inbound_per_s_max']:.0f}/s, freshness {r['freshness_median_ms']} ms, "
+              f"LA in max {r['la_inbound_per_s_max']:.0f}/s, freshness {_f(r['freshness_median_ms'])} ms, MA busy {r['ma_busy']:.0%}, "
               f"wall {r['wall_s']:.0f} s", file=sys.stderr, flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        if a.json:                      # after every shape: a long run keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
     return 0
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.2f}"

@@ -4,7 +4,13 @@ each replica a real :class:`~gridrpc.core.queue.SedScheduler` and
 real :class:`~gridrpc.core.sed_calls.SedCalls`; estimation vectors from
 :func:`~gridrpc.core.estimation.scheduler_tags`, as the SeD runtime. Calls
 run on simulated worker processes for a duration drawn from the service's
-model (:mod:`gridrpc.sim.model`)."""
+model (:mod:`gridrpc.sim.model`).
+
+Pushed state (``views``): every replica pushes its snapshot (a VIEW message)
+as the SeD runtime does (``SeD._view_changed`` / ``_push_view``): after its
+registration, then when its load changes, coalesced by the real
+:class:`~gridrpc.core.view.PushRule` (2 ms for a busy<->free change, 50 ms
+otherwise); its heartbeats confirm the snapshot at the parent."""
 from __future__ import annotations
 
 import random
@@ -13,6 +19,7 @@ from ..core import messages as m
 from ..core.estimation import RunTimePredictor, scheduler_tags
 from ..core.messages import MsgType
 from ..core.queue import SedScheduler, make_policy
+from ..core.view import PushRule, load_key, sed_entry
 from ..core.sed_calls import CallRecord, CallState, Drop, Reacknowledge, Resend, Run, SedCalls, Stop
 from .engine import Host, Proc
 from .node import Node, Out
@@ -21,13 +28,15 @@ __all__ = ["Replica", "SedNode"]
 
 
 class Replica:
-    __slots__ = ("name", "route", "scheduler", "predictor", "last_solve", "completed")
+    __slots__ = ("name", "route", "scheduler", "predictor", "last_solve", "completed", "push", "push_gen")
 
     def __init__(self, name: str, scheduler: SedScheduler, predictor: RunTimePredictor) -> None:
         self.name, self.route = name, name.encode()
         self.scheduler, self.predictor = scheduler, predictor
         self.last_solve: float | None = None
         self.completed = 0
+        self.push = PushRule()          # when its snapshot goes to the parent (as the SeD runtime)
+        self.push_gen = 0               # the pending push timer (a newer one cancels it)
 
 
 class SedNode(Node):
@@ -39,12 +48,14 @@ class SedNode(Node):
     def __init__(self, world, name: str, host: Host, parent: bytes, names: list[str], *, seed: int,
                  services: dict, policy: str = "fcfs", policy_options: dict | None = None,
                  max_concurrent: int = 1, workers: int = 1, hb_interval: float = 1.0,
-                 host_tags: dict | None = None) -> None:
+                 host_tags: dict | None = None, views: bool = False) -> None:
         super().__init__(world, name, host)
         self.parent = parent
         self.address = f"sim://{name}"
         self.services = services            # name -> ServiceModel (gridrpc.sim.model)
         self.hb_interval = hb_interval
+        self.views = views
+        self.pushes = 0
         rng = random.Random(seed)
         self.replicas: dict[bytes, Replica] = {}
         for n in names:
@@ -74,6 +85,8 @@ class SedNode(Node):
         for r in self.replicas.values():
             h = m.make(MsgType.REGISTER, self._id(), name=r.name, **info, services=svc, elements=[], load={})
             sim.at(at, self.world.transmit, self, r.route, self.parent, h)
+            if self.views:          # SeD._register_info: the snapshot follows the REGISTER
+                sim.at(at, self.local, self._push_view, r, True, None)
         if self.hb_interval:
             sim.at(at + self.hb_interval * (0.5 + self.rng.random()), self._heartbeat_timer)
 
@@ -98,6 +111,28 @@ class SedNode(Node):
         vec.update(scheduler_tags(scheduler=r.scheduler, service=service, predictor=r.predictor, now=now,
                                   last_solve=r.last_solve))
         return vec
+
+    # -- pushed state (SeD._view_changed / SeD._push_view) ---------------------------
+    def _view_changed(self, r: Replica, now: float) -> None:
+        key = load_key(r.scheduler)
+        at = r.push.changed(key, key[0], now)
+        if at is not None:
+            r.push_gen += 1             # the runtime cancels its pending timer
+            self.world.sim.at(at, self.local, self._push_view, r, False, r.push_gen)
+
+    def _push_view(self, out: Out, r: Replica, force: bool, gen: int | None) -> None:
+        if gen is not None and gen != r.push_gen:
+            return                      # a cancelled timer
+        if not r.push.take(load_key(r.scheduler), force):
+            return
+        now = self.world.sim.now
+        entry = sed_entry(r.name, {s: self.estimate(r, s, now) for s in self.services})
+        if entry is None:
+            return
+        self.pushes += 1
+        self.answered_at[r.name] = now          # the age of the estimate the agents hold
+        out.send(r.route, self.parent, m.make(MsgType.VIEW, f"{r.name}:v{r.completed}", name=r.name,
+                                              entries=[entry]))
 
     # -- messages ---------------------------------------------------------------
     def handle(self, src, dst, h, out: Out) -> None:
@@ -139,6 +174,8 @@ class SedNode(Node):
                 MsgType.REGISTER, self._id(), name=r.name, kind="sed", address=self.address,
                 host=self.proc.host.name, pid=id(self) & 0xffffff, started=0.0, services=svc, elements=[],
                 load={}))
+            if self.views:
+                self._push_view(out, r, True, None)
 
     def _on_call(self, src: bytes, r: Replica, h: dict, now: float, out: Out) -> None:
         dup = self.calls.duplicate(h["id"])
@@ -187,6 +224,8 @@ class SedNode(Node):
                 out.send(self.by_name[a.call.sed].route, a.call.route, m.error_header(
                     a.call.id, "cancelled", "call cancelled while queued", server=a.call.sed))
                 self._complete(a.call, ok=False, now=now, out=out)
+        if self.views:
+            self._view_changed(self.by_name[sed], now)
         wake = self.calls.next_wakeup(sed, now)
         if wake is not None and self._wake.get(sed) != wake:
             self._wake[sed] = wake

@@ -94,7 +94,8 @@ class World:
 
     def __init__(self, *, costs: Costs | None = None, seed: int = 0, placement: str = "single",
                  cores: int = 2, agent_cores: int = 1, sed_cores: int | None = None,
-                 hb_interval: float = 1.0, hb_timeout: float = 5.0, speed: float = 1.0) -> None:
+                 hb_interval: float = 1.0, hb_timeout: float = 5.0, speed: float = 1.0,
+                 views: bool = False, view_max_age: float | None = None) -> None:
         self.costs = costs or Costs.load(None)
         self.seed = seed
         self.sim = Sim(seed)
@@ -104,6 +105,12 @@ class World:
         self.placement, self.cores, self.agent_cores, self.sed_cores = placement, cores, agent_cores, sed_cores
         self.speed = speed
         self.hb_interval, self.hb_timeout = hb_interval, hb_timeout
+        # pushed state (core/view.py): SeDs push snapshots, the MA answers from its view when fresh.
+        # Off by default: the stored measurements (calibration, validation) predate it.
+        self.views = views
+        self.view_max_age = view_max_age if view_max_age is not None else (
+            None if hb_interval == 1.0 else 1.5 * hb_interval)     # the default is 1.5 heartbeat periods
+        self.sed_of: dict[str, SedNode] = {}
         self.hosts: dict[str, Host] = {}
         self.routes: dict[bytes, object] = {}
         self.agents: dict[str, AgentNode] = {}
@@ -138,7 +145,8 @@ class World:
                 role = MasterRole() if e.kind == "ma" else LocalRole()
                 node = AgentNode(self, e.name, self._host_for(e.kind, e.name), role,
                                  e.parent.encode() if e.parent else None, seed=seed.randrange(2 ** 32),
-                                 hb_interval=self.hb_interval, hb_timeout=self.hb_timeout)
+                                 hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
+                                 views=self.views, view_max_age=self.view_max_age)
                 self.agents[e.name] = node
                 self.routes[node.route] = node
             else:
@@ -147,8 +155,10 @@ class World:
                 node = SedNode(self, e.name, self._host_for("sed", e.name, e.replicas), e.parent.encode(), names,
                                seed=seed.randrange(2 ** 32), services=services, policy=policy,
                                policy_options=policy_options, max_concurrent=max_concurrent, workers=workers,
-                               hb_interval=self.hb_interval if sed_heartbeats else 0.0)
+                               hb_interval=self.hb_interval if sed_heartbeats else 0.0, views=self.views)
                 self.seds[e.name] = node
+                for rname in node.by_name:
+                    self.sed_of[rname] = node
                 for r in node.routes():
                     self.routes[r] = node
                 self.n_seds += e.replicas
@@ -182,6 +192,7 @@ class World:
         self.t0 = self.sim.now
         self.discoveries: list[float] = []
         self.discovery_failures = 0
+        self.view_answers = 0               # discoveries answered from the MA's view (one hop)
         self.calls: list[float] = []
         self.call_only: list[float] = []
         self.call_failures = 0
@@ -217,11 +228,12 @@ class World:
         if ok:
             self.discoveries.append(latency)
             first = h["servers"][0]["name"]
-            for s in self.seds.values():         # age of the chosen server's estimate
-                t = s.answered_at.get(first)
-                if t is not None:
-                    self.freshness.append(self.sim.now - t)
-                    break
+            s = self.sed_of.get(first)          # age of the chosen server's estimate (answered or pushed)
+            t = s.answered_at.get(first) if s is not None else None
+            if t is not None:
+                self.freshness.append(self.sim.now - t)
+            if h.get("view") is True:
+                self.view_answers += 1
         else:
             self.discovery_failures += 1
 
@@ -269,6 +281,7 @@ class World:
         return {
             "seconds": dur,
             "discoveries": len(self.discoveries), "discovery_failures": self.discovery_failures,
+            "view_answers": self.view_answers, "views": self.views,
             "discovery_median_ms": q(self.discoveries, 0.5), "discovery_p99_ms": q(self.discoveries, 0.99),
             "calls": len(self.calls), "call_failures": self.call_failures,
             "throughput": len(self.calls) / dur if self.calls else len(self.discoveries) / dur,

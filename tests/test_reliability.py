@@ -7,6 +7,7 @@ Load is scaled to 2 shared cores: a few client threads at ~40 calls/s for
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import threading
 import time
@@ -75,6 +76,13 @@ def report(what: str, lat: list[float], fails: list[str]) -> None:
           f"p50={p(0.5):.1f}ms p99={p(0.99):.1f}ms max={p(1.0):.1f}ms")
 
 
+#: the issue's load (4 clients x 50 calls/s = 200 calls/s for 30 s) with GRIDRPC_RELIABILITY_FULL=1;
+#: CI runs a tenth of it (2 x 20 calls/s for 8 s) on its 2 shared cores
+FULL = os.environ.get("GRIDRPC_RELIABILITY_FULL") == "1"
+LOAD = dict(clients=4, rate=50, duration=30) if FULL else dict(clients=2, rate=20, duration=8)
+
+
+@pytest.mark.timeout(180)
 def test_kill_one_of_two_mas_under_load(proc_tree):
     ma1 = proc_tree.start("ma", "MA1")
     ma2 = proc_tree.start("ma", "MA2")
@@ -84,13 +92,13 @@ def test_kill_one_of_two_mas_under_load(proc_tree):
     with gridrpc.Client([ma1.address, ma2.address]) as c:
         wait_for(lambda: discoverable(c, "add", 2), 15, "both SeDs under both MAs")
         assert {e["name"] for e in c.tree()} >= {"s1", "s2"}
-    lat, fails = load(both, clients=2, rate=20, duration=8,
-                      events=[(3.0, lambda: ma1.signal(signal.SIGKILL))])
+    lat, fails = load(both, **LOAD, events=[(3.0, lambda: ma1.signal(signal.SIGKILL))])
     report("kill -9 of MA1 of 2", lat, fails)
     assert fails == []
     assert max(lat) <= 1.5          # disruption: measured ~0.4-0.5 s (the hedge delay); bound loose for CI
 
 
+@pytest.mark.timeout(180)
 def test_restart_of_the_only_ma_under_load(proc_tree):
     port = free_port()
     ma = proc_tree.start("ma", "MA", port=port)
@@ -105,7 +113,7 @@ def test_restart_of_the_only_ma_under_load(proc_tree):
         time.sleep(1.0)
         proc_tree.start("ma", "MA", port=port)
 
-    lat, fails = load(ma.address, clients=2, rate=20, duration=8, events=[(3.0, restart)], timeout=10.0)
+    lat, fails = load(ma.address, **LOAD, events=[(3.0, restart)], timeout=10.0)
     report("kill -9 + restart of the only MA", lat, fails)
     assert fails == []
 

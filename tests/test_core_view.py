@@ -306,3 +306,21 @@ def test_near_equal_to_is_near_equal():
         assert near_equal_to(a)(b) == near_equal(a, b), (a, b)
         near += near_equal(a, b)
     assert 200 < near < 4800
+
+
+def test_confirmations_are_batched_longer_than_changes():
+    """'Still fresh' confirmations (heartbeats) wait up to FRESH_INTERVAL, so
+    thousands of SeDs do not wake the parent thousands of times a second; a
+    real change pulls the batch in to the push interval."""
+    from gridrpc.core.view import FRESH_INTERVAL, PUSH_INTERVAL
+    v = SubtreeView()
+    v.update("sed-1", [{"name": "sed-1", "common": {}, "services": {"add": vec()}}], [], 0.0, {"sed-1": "sed-1",
+                                                                                          "sed-2": "sed-2"})
+    v.take(0.0)
+    v.refresh("sed-1", ["sed-1"], 1.0)
+    assert v.flush_at == 1.0 + FRESH_INTERVAL
+    v.update("sed-2", [{"name": "sed-2", "common": {}, "services": {"add": vec()}}], [], 1.01,
+             {"sed-1": "sed-1", "sed-2": "sed-2"})
+    assert v.flush_at == 1.01 + PUSH_INTERVAL
+    batch = v.take(1.02)
+    assert [e["name"] for e in batch["entries"]] == ["sed-2"] and batch["fresh"] == ["sed-1"]

@@ -1,0 +1,72 @@
+"""No value that came from a message ever reaches an import: every
+``importlib.import_module`` of the package takes operator configuration
+only (``--plugin``, ``--service``, a batch service's registered function, a
+fixed table). Checked end to end on a real in-process tree with an import
+hook that records every attempt to import a module named ``evilmod*``:
+aggregators, services, registrations and federated discoveries naming such
+modules are refused, and nothing is imported."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import zmq
+
+from gridrpc.core import messages as m
+from gridrpc.testing import LocalTree
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Recorder:
+    """A meta-path finder that only records (and never finds) evilmod* imports."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0].startswith("evilmod"):
+            self.asked.append(name)
+        return None
+
+
+def _ask(address: str, header: dict) -> dict:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    try:
+        s.connect(address)
+        s.send_multipart([m.dumps(header)])
+        assert s.poll(5000), f"no answer to {header['type']}"
+        return m.parse_header(s.recv_multipart()[0])[1]
+    finally:
+        s.close()
+
+
+def test_messages_naming_modules_import_nothing():
+    rec = _Recorder()
+    sys.meta_path.insert(0, rec)
+    try:
+        with LocalTree(las=1, seds_per_la=1, http=False) as t:
+            ma = t.ma_address
+            sed = t.seds[0]
+            sed_addr, sed_name = sed.address, next(iter(sed.replicas))
+            answers = [
+                _ask(ma, m.make(m.MsgType.DISCOVER, "d1", service="add", k=1,
+                                aggregator={"name": "evilmod:Agg", "params": {}})),
+                _ask(ma, m.make(m.MsgType.DISCOVER, "d2", service="evilmod:run", k=1)),
+                _ask(ma, m.make(m.MsgType.DISCOVER, "d3", service="evilmod:run", k=1, via=["X"], hops=2)),
+                _ask(sed_addr, m.make(m.MsgType.CALL, "c1", sed=sed_name, service="evilmod:run", args=[],
+                                      kwargs={})),
+                _ask(ma, m.make(m.MsgType.REGISTER, "r1", name="rogue", kind="sed", address="tcp://127.0.0.1:9",
+                                pid=1, services=[{"name": "evilmod:run",
+                                                  "aggregator": {"name": "evilmod:Agg"}}])),
+                _ask(ma, m.make(m.MsgType.DISCOVER, "d4", service="evilmod:run", k=1)),
+            ]
+            time.sleep(0.2)
+            assert all(a["type"] in ("error", "registered", "servers") for a in answers), answers
+            assert answers[0]["type"] == "error" and answers[0]["error"]["kind"] == "invalid_argument"
+            assert answers[3]["type"] == "error"                    # the SeD offers no such service
+    finally:
+        sys.meta_path.remove(rec)
+    assert rec.asked == [], f"a message made the process import {rec.asked}"

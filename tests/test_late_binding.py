@@ -36,6 +36,16 @@ def _slow_pushes(tree, delay: float) -> None:
     tree.lt.call(set_)
 
 
+def _view_caught_up(tree) -> None:
+    """Wait until the MA's view has every SeD idle (the last round's calls
+    were cancelled; with slow pushes that takes up to the push delay)."""
+    def idle() -> bool:
+        seds = tree.ma.state.view.seds
+        return len(seds) == len(tree.seds) and all(
+            (s.vector("add") or {}).get("num_running") == 0 for s in seds.values())
+    wait_for(lambda: tree.lt.call(idle), 10, "the MA's view shows every server idle")
+
+
 def test_a_call_after_bound_calls_goes_to_the_idle_server(tree):
     """Two of three servers are made busy by bound calls (which bypass the
     agents), then a discovered call is sent while the MA's view still shows
@@ -48,7 +58,7 @@ def test_a_call_after_bound_calls_goes_to_the_idle_server(tree):
         for rnd in range(8):
             if rnd >= 3 and _busy(tree) > busy_start:
                 break
-            time.sleep(1.2)                           # the view has caught up with the last round
+            _view_caught_up(tree)                     # the MA's view shows every server idle again
             idle = names[rnd % 3]
             longs = [c.submit("sleep", LONG, server=n) for n in names if n != idle]
             t0 = time.monotonic()
@@ -73,9 +83,7 @@ def test_start_now_on_a_busy_server_is_answered_busy_and_not_queued(tree):
 
     name = sorted(tree.sed_names())[0]
     with gridrpc.Client(tree.ma_address, user="lb2", timeout=30) as c:
-        info = c.resolve(name) if hasattr(c, "resolve") else None
-        address = info.address if info is not None else next(
-            s.address for s in c.discover("add", max_servers=10) if s.name == name)
+        address = c.resolve(name).address
         long = c.submit("sleep", LONG, server=name)
         sed = next(s for s in tree.seds if name in s.replicas)
         wait_for(lambda: any(x.state.value == "running" for x in list(sed.calls.values())), 10, "long call running")

@@ -176,8 +176,7 @@ class Discovering:
         for group in group_by_process(self.registry, children):
             msg = dict(fwd, names=group) if len(group) > 1 else fwd
             out.append(Send(registry_children[group[0]].route, msg, tuple(group)))
-        if reply_to[0] == "peer":
-            self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
+        self._in_flight_from(reply_to)
         done = self.discoveries.start(fid, (reply_to, rid, service, k), children, k, agg, now + budget, now)
         if done is not None:
             out.extend(self._finish(done, now))
@@ -219,6 +218,11 @@ class Discovering:
             return []
         done = self.discoveries.drop(send.header.get("id", ""), list(send.children), now)
         return self._finish(done, now) if done is not None else []
+
+    def _in_flight_from(self, reply_to: tuple) -> None:
+        """One more discovery pending for the asking connection (released in _finish)."""
+        if reply_to[0] == "peer":
+            self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
 
     def _finish(self, done: Done, now: float | None = None) -> list:
         reply_to, rid, service, k = done.reply_to

@@ -100,8 +100,7 @@ class Federating:
         fwd.pop("names", None)
         self._forwarded[fid] = _Forwarded(tuple(peers), [], {})
         self.counters.forwarded += 1
-        if reply_to[0] == "peer":
-            self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
+        self._in_flight_from(reply_to)
         out: list = [SendPeer(p, fwd) for p in peers]
         waiting = [PEER_PREFIX + p for p in peers] + ([LOCAL] if local is not None else [])
         done = self.discoveries.start(fid, (reply_to, h["id"], service, k), waiting, k, agg, now + budget, now)

@@ -74,7 +74,7 @@ class PeerLinks:
 
     def _on_frames(self, peer: str, frames: list) -> None:
         try:
-            mt, h = m.parse_header(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+            mt, h = m.parse_header(frames[0].bytes)
         except ProtocolError as exc:
             self._drop(peer, str(exc))
             return

@@ -38,6 +38,7 @@ from locust import User, events, task
 from locust.exception import StopUser
 from locust.runners import STATE_CLEANUP, STATE_STOPPED, STATE_STOPPING, MasterRunner, WorkerRunner
 
+from ..address import parse_addresses
 from ..errors import ConfigError, GridRPCError
 from .config import LoadConfig, MixEntry, parse_args, parse_mix
 from .green import GreenClient
@@ -164,7 +165,7 @@ class GridRPCUser(User):
             BUDGET.limit = int(self.max_requests)
         self._entries: list[MixEntry] = list(self.config.mix)
         self._weights = [e.weight for e in self._entries]
-        mas = [a.strip() for a in str(self.config.master_agent).split(",") if a.strip()]
+        mas = parse_addresses(self.config.master_agent, what="master agent")
         # GRIDRPC_MA=a,b (a deployment with several MAs): each user talks to one MA, in turn
         # (the gevent client keeps one MA; the load is spread, there is no failover between MAs)
         self.ma = mas[next(_USERS) % len(mas)] if len(mas) > 1 else self.config.master_agent

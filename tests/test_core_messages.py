@@ -14,7 +14,8 @@ from gridrpc.errors import ProtocolError
 
 WIRE_TYPES = ["register", "registered", "unregister", "heartbeat", "heartbeat_ack", "discover",
               "servers", "services", "catalogue", "call", "accepted", "result", "cancel",
-              "cancelled", "ping", "pong", "error", "events", "view", "data_put", "data_get", "data_free", "data"]
+              "cancelled", "ping", "pong", "error", "events", "view", "data_put", "data_get", "data_free", "data",
+              "batch"]
 
 #: the smallest valid header of each type (besides v, type, id)
 REQUIRED = {
@@ -41,6 +42,7 @@ REQUIRED = {
     "data_get": {"ref": "r1"},
     "data_free": {"ref": "r1"},
     "data": {"ref": "r1"},
+    "batch": {"n": [1, 2]},
 }
 
 #: every field each peer sends today (SeD, agents, clients, batch and cloud SeDs)
@@ -95,6 +97,7 @@ FULL = {
     "data_get": {"ref": "r-1", "user": "alice", "call": False, "wait": 10, "transfer": True, "sed": "sed-1"},
     "data_free": {"ref": "r-1", "user": "alice"},
     "data": {"ref": "r-1", "holder": "sed-1", "size": 800, "mode": "persistent_return", "value": [1]},
+    "batch": {"n": [1, 3, 1]},
 }
 
 
@@ -133,7 +136,7 @@ def test_the_required_fields():
         ("heartbeat", "name"), ("heartbeat_ack", "known"), ("discover", "service"), ("discover", "k"),
         ("servers", "servers"), ("catalogue", "services"), ("call", "service"), ("call", "args"),
         ("call", "kwargs"), ("error", "error"), ("events", "name"), ("events", "events"), ("view", "name"), ("data_put", "ref"), ("data_get", "ref"),
-        ("data_free", "ref"), ("data", "ref")]
+        ("data_free", "ref"), ("data", "ref"), ("batch", "n")]
 
 
 @pytest.mark.parametrize("type_, field", REQUIRED_FIELDS)
@@ -153,6 +156,8 @@ BAD = [
     ("data_put", "ref", "../etc/passwd"), ("data_put", "ref", ".."), ("data_put", "mode", "forever"),
     ("data_put", "source", {"name": "../x", "address": "tcp://h:1"}), ("data_get", "ref", "a/b"),
     ("data_get", "wait", -1), ("data_free", "ref", 5), ("data", "size", -1),
+    ("batch", "n", []), ("batch", "n", [0]), ("batch", "n", [1] * 513), ("batch", "n", [1025]),
+    ("batch", "n", [1.5]),
     ("call", "keep", {"ref": "a/b", "mode": "persistent"}), ("call", "keep", {"ref": "r", "mode": "x"}),
     # tree maintenance
     ("register", "name", 5), ("register", "name", ""), ("register", "name", "two words"),

@@ -106,6 +106,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                 fut.set_exception(CommunicationError("client closed"))
         if self._driver is not None:
             self._driver.abort_all("client closed")
+            self._driver.flush()        # the CANCELs of those calls leave before the sockets close
         if self._tasks:          # let submitted calls end (they fail: client closed), retrieved here
             tasks = list(self._tasks)
             done, pending = await asyncio.wait(tasks, timeout=2.0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import orjson
 from typing import Any
 
 from ..core import codec
@@ -92,6 +94,38 @@ class MasterAgentRequests:
         ``max_age``: seconds the MA's pushed view may be old to answer from
         it (0: always ask the servers, a fan-out); None: the MA's default."""
         o = self.options
+        if not o.share_discovery:
+            entries = await self._discover(service, max_servers, aggregator, args, optional, max_age)
+        else:
+            key = _share_key(self, service, max_servers, aggregator, args, optional, max_age)
+            shared = _SHARED.get(key)
+            if shared is not None:
+                entries = await asyncio.shield(shared)
+            else:
+                fut = _SHARED[key] = self.loop.create_future()
+                try:
+                    entries = await self._discover(service, max_servers, aggregator, args, optional, max_age)
+                except BaseException as exc:
+                    fut.set_exception(exc if isinstance(exc, Exception) else CommunicationError(str(exc)))
+                    fut.exception()         # retrieved: no warning when nobody joined
+                    raise
+                else:
+                    fut.set_result(entries)
+                finally:
+                    if _SHARED.get(key) is fut:
+                        del _SHARED[key]
+        servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
+                              idempotent=s.get("idempotent") is not False)
+                   for s in entries]
+        for s in entries:
+            self._server_addresses[s["name"]] = s["address"]
+            self._learn_key(s["address"], s.get("public_key"))
+        return servers
+
+    async def _discover(self, service: str, max_servers: int, aggregator: Any, args: tuple, optional: bool,
+                        max_age: float | None) -> list[dict]:
+        """The MA's answer: its server entries, checked."""
+        o = self.options
         h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(max_servers), user=self.user,
                    aggregator=aggregator if aggregator is not None else o.aggregator,
                    budget_ms=o.budget * 1000, optional=bool(optional),
@@ -101,14 +135,7 @@ class MasterAgentRequests:
         mt, r = await self._ma_request(h, o.discovery_timeout)
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
-        entries = [s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
-        servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
-                              idempotent=s.get("idempotent") is not False)
-                   for s in entries]
-        for s in entries:
-            self._server_addresses[s["name"]] = s["address"]
-            self._learn_key(s["address"], s.get("public_key"))
-        return servers
+        return [s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
 
     async def tree(self) -> list[dict]:
         """Every element of the tree as the MA sees it (like GET /api/tree)."""
@@ -153,3 +180,16 @@ class MasterAgentRequests:
         if server not in self._server_addresses:
             raise NoServerAvailable(f"no server named {server!r} in the tree")
         return ServerInfo(name=server, address=self._server_addresses[server])
+
+
+#: discoveries in flight that clients with ``share_discovery`` may join
+_SHARED: dict[tuple, asyncio.Future] = {}
+
+
+def _share_key(client, service, k, aggregator, args, optional, max_age) -> tuple:
+    o = client.options
+    agg = aggregator if aggregator is not None else o.aggregator
+    light = [codec.light_description(a) for a in args]
+    return (id(client.loop), tuple(client.master_agents), o.keys, o.key, o.ma_key, service, int(k),
+            orjson.dumps(agg, option=orjson.OPT_SORT_KEYS), orjson.dumps(light, option=orjson.OPT_SORT_KEYS),
+            bool(optional), max_age)

@@ -41,6 +41,13 @@ class ClientOptions:
     an MA rebuilding its tree, every server lost before the call started)
     are retried with backoff when the call has no ``timeout``, s (within a
     timeout, until the timeout).
+    ``share_discovery``: identical discoveries (same MAs, keys, service,
+    number, aggregator, arguments) that clients of this process ask on the
+    same event loop while one of them is in flight get that one's answer:
+    one DISCOVER for many users arriving together (a burst of 100 users is
+    one discovery, not 100). The estimates are those computed for the first
+    asker's user, so leave it off when servers estimate per user (batch
+    history) and that matters.
     """
     user: str | None = None
     timeout: float | None = None
@@ -63,6 +70,7 @@ class ClientOptions:
     #: each, comma-separated in the order of their addresses (``"MA1,MA2"``)
     ma_key: str | None = None
     retry_timeout: float = 10.0
+    share_discovery: bool = False
 
     def __post_init__(self) -> None:
         if self.user is not None and not isinstance(self.user, str):

@@ -26,6 +26,8 @@ MAX_K = 100_000                 # servers asked for in one discovery
 MAX_BUDGET_MS = 86_400_000.0    # a day; agents clamp to their own limits anyway
 MAX_ITEMS = 100_000             # servers, elements, services, ids in one message
 MAX_KEYS = 256                  # load, timing, batch and error objects
+MAX_BATCH = 512                 # messages in one batch envelope
+MAX_BATCH_PART = 1024           # frames of one message inside a batch
 SHORT = 256                     # service names, users, kinds, states, aggregator names
 ADDRESS = 1024                  # tcp://host:port addresses
 LONG = 1 << 20                  # error messages, service docs
@@ -230,6 +232,10 @@ VIEW_ENTRY = (_view_entry, "a snapshot {\"name\": element name, \"services\": {s
                            "\"age_ms\": number}")
 
 
+_counts, _counts_what = list_of(integer(1, MAX_BATCH_PART), MAX_BATCH)
+BATCH_COUNTS = ((lambda v: _counts(v) and len(v) >= 1), f"{_counts_what} (at least one)")
+
+
 def _fields(*specs) -> tuple:
     return tuple((name, required, check, what) for name, required, check, what in specs)
 
@@ -279,6 +285,8 @@ BY_TYPE: dict[str, tuple] = {
     "data_get": _fields(("ref", True, *ID), ("user", False, *TEXT_SHORT), ("call", False, *BOOL),
                         ("wait", False, *number(0, 86_400)), ("transfer", False, *BOOL),
                         ("sed", False, *NAME)),
+    # several messages to/from one peer in one zmq message: n[i] frames (header + buffers) each
+    "batch": _fields(("n", True, *BATCH_COUNTS)),
     "data_free": _fields(("ref", True, *ID), ("user", False, *TEXT_SHORT)),
     "data": _fields(("ref", True, *ID), ("holder", False, *NAME), ("size", False, *integer(0, 2**62)),
                     ("mode", False, *DATA_MODE), ("value", False, *ANY)),

@@ -29,6 +29,7 @@ from . import fields as _fields
 from .fields import ID_RE, NAME_RE, valid_id, valid_name  # noqa: F401  (part of this module's API)
 
 PROTOCOL_VERSION = 1
+MAX_BATCH = _fields.MAX_BATCH
 
 
 class MsgType(str, enum.Enum):
@@ -61,6 +62,8 @@ class MsgType(str, enum.Enum):
     DATA_GET = "data_get"            # ref, user, call, wait, transfer
     DATA_FREE = "data_free"          # ref, user
     DATA = "data"                    # answer: ref, holder, size, mode [, value (+frames)]
+    # several messages to or from one peer at once (a burst of calls, cancels, their answers)
+    BATCH = "batch"                  # n: [frames of each message]; the messages' frames follow
 
 
 _BY_VALUE = {m.value: m for m in MsgType}
@@ -132,3 +135,30 @@ def error_header(id_: str, kind: str, message: str, *, type_: str = "", tracebac
                  **extra: Any) -> dict:
     return make(MsgType.ERROR, id_, error={"kind": kind, "type": type_ or kind,
                                            "message": message, "traceback": traceback}, **extra)
+
+
+def batch(messages: list[list]) -> list:
+    """One envelope for several messages to the same peer: a BATCH header
+    saying how many frames each message has, then every message's frames
+    (its header, then its buffers). At most ``MAX_BATCH`` messages."""
+    if not 1 < len(messages) <= _fields.MAX_BATCH:
+        raise ValueError(f"a batch holds 2 to {_fields.MAX_BATCH} messages, not {len(messages)}")
+    frames: list = [dumps(make(MsgType.BATCH, "b", n=[len(msg) for msg in messages]))]
+    for msg in messages:
+        frames.extend(msg)
+    return frames
+
+
+def unbatch(header: dict, frames: list) -> list[list]:
+    """The messages of a BATCH envelope (``frames``: every frame after its
+    header), each ``[header frame, *buffers]``. Raises ProtocolError when
+    the counts do not add up; a batch inside a batch is refused by whoever
+    parses the inner headers (they must not be BATCH)."""
+    n = header["n"]
+    if sum(n) != len(frames):
+        raise ProtocolError(f"batch: the counts say {sum(n)} frames, the message has {len(frames)}")
+    out, i = [], 0
+    for k in n:
+        out.append(frames[i:i + k])
+        i += k
+    return out

@@ -94,8 +94,9 @@ async def _user(plan: ClientPlan, cfg: EthicConfig, ma: str, origin: float, name
     await asyncio.sleep(max(0.0, origin + plan.t0 - time.time()))
     # a patient client: at scale a SeD process receives thousands of calls
     # at once and may take seconds to acknowledge them all
+    # users arriving together share one discovery (share_discovery)
     async with AsyncClient(ma, user=name, discovery_timeout=30.0, ack_timeout=60.0,
-                           ping_timeout=30.0) as client:
+                           ping_timeout=30.0, share_discovery=True) as client:
         for attempt in range(3):     # a swamped SeD process may miss the discovery budget
             try:
                 servers = await client.discover(cfg.service, max_servers=plan.n_max)

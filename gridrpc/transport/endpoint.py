@@ -36,7 +36,7 @@ import zmq
 from ..core import messages as m
 from ..core.messages import MsgType
 from ..errors import GridRPCError, InvalidArgument, ProtocolError
-from .channel import Channel, bind_router, context
+from .channel import ZERO_COPY_THRESHOLD, Channel, bind_router, context
 
 #: largest frame an agent accepts (headers, subtree lists); SeDs pass their own
 DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
@@ -58,6 +58,7 @@ class Incoming:
     buffers: list                    # extra frames (zmq.Frame), binary parts of values
     frames: list                     # every frame as received (routing + header + buffers)
     received: float = 0.0            # time.monotonic() at parse
+    secure: bool = True              # False: the socket runs no CURVE, so no frame carries a User-Id
 
     @property
     def id(self) -> str:
@@ -72,6 +73,8 @@ class Incoming:
     @property
     def user(self) -> str | None:
         """Authenticated user (ZAP User-Id) when the socket runs CURVE, else None."""
+        if not self.secure:
+            return None
         f = self.frames[1] if len(self.frames) > 1 else None
         try:
             uid = f.get("User-Id") if f is not None and hasattr(f, "get") else None
@@ -116,11 +119,12 @@ class EndpointStats:
     bad_messages: int = 0           # rejected at the boundary (malformed, unknown type, bad field)
     handler_errors: int = 0         # a handler raised: answered with an error
     unhandled_types: int = 0        # valid message of a type this daemon does not handle
+    batches: int = 0                # BATCH envelopes received (their messages count in ``received``)
     by_type: dict = field(default_factory=dict)
 
     def snapshot(self) -> dict:
         return {"received": self.received, "sent": self.sent, "bad_messages": self.bad_messages,
-                "handler_errors": self.handler_errors, "unhandled_types": self.unhandled_types,
+                "handler_errors": self.handler_errors, "unhandled_types": self.unhandled_types, "batches": self.batches,
                 "by_type": dict(self.by_type)}
 
 
@@ -147,6 +151,9 @@ class Endpoint:
         self.on_rejected = on_rejected        # told of every message refused at the boundary
         self.address: str | None = None
         self.channel: Channel | None = None
+        self._secure = False
+        self._held: list | None = None         # answers held while a batch is handled
+        self._held_route: list = []
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> "Endpoint":
@@ -157,6 +164,7 @@ class Endpoint:
         if self.security is not None and self.security.enabled:
             options.update(self.security.server_options(self.name, context()))
         options.update(self.socket_options)
+        self._secure = self.security is not None and self.security.enabled
         sock, self.address = bind_router(self.bind_address, options=options)
         self.channel = Channel(sock, self._on_frames, name=f"{self.name}.router")
         return self
@@ -171,7 +179,16 @@ class Endpoint:
 
     # -- sending --------------------------------------------------------------
     def send(self, route: list, header: dict, buffers=()) -> bool:
-        """Send to a peer; False (logged at debug) when it is gone."""
+        """Send to a peer; False (logged at debug) when it is gone. While a
+        batch from that peer is being handled, small answers to it are held
+        and go back as one batch when it is done (then True means queued)."""
+        held = self._held
+        if held is not None and route[0] is self._held_route[0] and not _big(buffers):
+            held.append([m.dumps(header), *buffers])
+            self.stats.sent += 1
+            return True
+        if held:
+            self._flush_held()              # keep the order of what this peer gets
         try:
             self.channel.send([*route, m.dumps(header), *buffers])
         except GridRPCError as exc:
@@ -182,6 +199,8 @@ class Endpoint:
 
     def send_frames(self, route: list, frames: list) -> bool:
         """Send already-encoded frames (a cached answer) to a peer."""
+        if self._held:
+            self._flush_held()
         try:
             self.channel.send([*route, *frames])
         except GridRPCError as exc:
@@ -198,11 +217,24 @@ class Endpoint:
         id_ = msg.header.get("id", "") if isinstance(msg, Incoming) else ""
         return self.send(route, m.error_header(id_, kind, message, **extra))
 
+    def _flush_held(self) -> None:
+        held, self._held = self._held, []
+        if not held:
+            return
+        try:
+            self.channel.send([*self._held_route, *(held[0] if len(held) == 1 else m.batch(held))])
+        except GridRPCError as exc:
+            log.debug("%s: could not send %d held answers: %s", self.name, len(held), exc)
+
     # -- receiving ------------------------------------------------------------
-    def _on_frames(self, frames: list) -> None:
+    def _on_frames(self, frames: list, in_batch: bool = False) -> None:
         self.stats.received += 1
         try:
             route, mt, h, buffers = m.parse_routed(frames)
+            if mt is MsgType.BATCH:
+                if in_batch:
+                    raise ProtocolError("a batch cannot hold a batch")
+                parts = m.unbatch(h, buffers)
         except ProtocolError as exc:
             self.stats.bad_messages += 1
             self.bad_log(logging.WARNING, "%s: rejected message: %s", self.name, exc)
@@ -210,8 +242,24 @@ class Endpoint:
             if self.on_rejected is not None:
                 self.on_rejected(exc)
             return
+        if mt is MsgType.BATCH:
+            self._on_batch(route, parts)
+            return
         self.dispatch(Incoming(route=route, type=mt, header=h, buffers=buffers, frames=frames,
-                               received=time.monotonic()))
+                               received=time.monotonic(), secure=self._secure))
+
+    def _on_batch(self, route: list, parts: list[list]) -> None:
+        """Each message of a batch handled in order, as if it came alone; the
+        answers to its sender go back together."""
+        self.stats.received -= 1            # the envelope is not a message: its parts are
+        self.stats.batches += 1
+        self._held, self._held_route = [], route
+        try:
+            for part in parts:
+                self._on_frames([*route, *part], in_batch=True)
+        finally:
+            self._flush_held()
+            self._held = None
 
     def dispatch(self, msg: Incoming) -> None:
         bt = self.stats.by_type
@@ -235,6 +283,10 @@ class Endpoint:
             log.exception("%s: error while handling %s %s", self.name, msg.type.value, msg.id)
             self.reply_error(msg, "internal", f"{self.what} failed to handle {msg.type.value}: "
                                               f"{type(exc).__name__}: {exc}")
+
+
+def _big(buffers) -> bool:
+    return any(len(b) >= ZERO_COPY_THRESHOLD for b in buffers) if buffers else False
 
 
 def _safe_id(frames: list) -> str:

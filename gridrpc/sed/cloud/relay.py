@@ -91,6 +91,7 @@ class VMLink:
             return
         self.closed = True
         self.fail_all(f"VM {self.name} {reason}")
+        self.driver.flush()             # their CANCELs leave before the socket closes
         self.channel.close()
 
     def _send(self, address: str, frames: list) -> None:

@@ -1,0 +1,136 @@
+"""A burst of optional computations, as the scale experiment starts one
+(issue #12, "Bursts"): ``U`` users of one client process arrive together,
+each discovers the ``S`` SeDs of a real tree (ethic queue, 2 SeD processes)
+and sends its ``n_min`` mandatory calls plus one optional call per server;
+later every call still out is cancelled at once, as at the users' common
+deadline.
+
+Measured, from the moment the users start:
+
+- ``discovered``: when the last user has its servers;
+- ``dispatched``: when every call of every user is acknowledged by its SeD
+  (queued or running) — the realised arrival of the last user;
+- ``cancelled``: from the moment every user cancels its calls until every
+  cancellation is confirmed.
+
+Run: ``python -m benchmarks.burst [--seds 138 --users 100 --n-min 3]
+[--json out.json]``. The SeDs run ``sleep`` calls of ``--task`` seconds (long
+enough that nothing finishes during the measure).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+from gridrpc.client.aio import AsyncClient
+from gridrpc.core.call import Phase
+from gridrpc.experiments.tree import ExperimentTree
+
+
+def _cpu(tree: ExperimentTree) -> dict:
+    c = tree.cpu()
+    t = os.times()
+    c["client"] = t.user + t.system
+    return c
+
+
+async def _users(tree: ExperimentTree, users: int, seds: int, n_min: int, task: float,
+                 poll: float = 0.01, share: bool = True) -> dict:
+    ma = tree.ma_address
+    clients = [AsyncClient(ma, user=f"u{i}", discovery_timeout=60.0, ack_timeout=120.0, ping_timeout=60.0,
+                           share_discovery=share)
+               for i in range(users)]
+    for c in clients:
+        await c.start()
+    try:
+        c0 = _cpu(tree)
+        t0 = time.monotonic()
+        found: list[float] = []
+        calls: list = []
+
+        async def one(c: AsyncClient) -> None:
+            servers = await c.discover("sleep", max_servers=seds)
+            found.append(time.monotonic() - t0)
+            for i in range(n_min):
+                calls.append(c.submit_nowait("sleep", task, server=servers[i % len(servers)]))
+            for s in servers:
+                calls.append(c.submit_nowait("sleep", task, optional=True, server=s))
+
+        await asyncio.gather(*(one(c) for c in clients))
+
+        waiting = list(calls)
+
+        def unacknowledged() -> int:
+            nonlocal waiting
+            waiting = [c for c in waiting if getattr(c, "_flight", None) is None
+                       or c._flight.machine.phase in (Phase.NEW, Phase.WAITING)]
+            return len(waiting)
+
+        end = time.monotonic() + 120
+        while unacknowledged() and time.monotonic() < end:
+            await asyncio.sleep(poll)
+        dispatched = time.monotonic() - t0
+        left = unacknowledged()
+        c1 = _cpu(tree)
+        t1 = time.monotonic()
+        await asyncio.gather(*(call.acancel() for call in calls), return_exceptions=True)
+        cancelled = time.monotonic() - t1
+        c2 = _cpu(tree)
+        cpu = {k: {"dispatch_s": round(c1[k] - c0[k], 3), "cancel_s": round(c2[k] - c1[k], 3)} for k in c0}
+        return {"cpu": cpu, "users": users, "seds": seds, "calls": len(calls), "discovered_s": max(found),
+                "dispatched_s": dispatched, "unacknowledged": left, "cancelled_s": cancelled}
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def measure(seds: int = 138, users: int = 100, n_min: int = 3, task: float = 60.0,
+            sed_processes: int = 2) -> dict:
+    with ExperimentTree(n_seds=seds, queue="ethic", queue_options={"accounting": "cumulative"},
+                        sed_processes=sed_processes) as tree:
+        asyncio.run(_wait(tree.ma_address, seds))
+        out = asyncio.run(_users(tree, users, seds, n_min, task))
+    out["load"] = os.getloadavg()[0]
+    return out
+
+
+async def _wait(ma: str, seds: int, timeout: float = 60.0) -> None:
+    async with AsyncClient(ma, user="setup") as c:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if len(await c.discover("sleep", max_servers=seds)) >= seds:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{seds} SeDs did not register")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.burst", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seds", type=int, default=138)
+    ap.add_argument("--users", type=int, default=100)
+    ap.add_argument("--n-min", type=int, default=3)
+    ap.add_argument("--task", type=float, default=60.0, help="seconds each call would sleep")
+    ap.add_argument("--sed-processes", type=int, default=2)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    r = measure(a.seds, a.users, a.n_min, a.task, a.sed_processes)
+    print(f"burst: {r['users']} users x {r['seds']} SeDs = {r['calls']} calls: "
+          f"discovered {r['discovered_s']:.2f}s, all acknowledged {r['dispatched_s']:.2f}s "
+          f"({r['unacknowledged']} not), all cancelled {r['cancelled_s']:.2f}s (load {r['load']:.1f})")
+    print("CPU seconds (dispatch / cancel): " + ", ".join(f"{k} {v['dispatch_s']:.2f} / {v['cancel_s']:.2f}"
+                                                      for k, v in r["cpu"].items()))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(r, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Batches: the calls and cancels a client makes in one loop iteration reach a
+SeD as one BATCH envelope, and the SeD's answers come back as one; the
+envelope is checked at the boundary like any message."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+
+import gridrpc
+from gridrpc.core import messages as m
+from gridrpc.core.messages import MsgType
+from gridrpc.testing import LocalTree
+
+
+@pytest.fixture(scope="module")
+def tree():
+    with LocalTree(las=0, seds_per_la=0, seds_under_ma=1, sed_options={"max_concurrent": 2}) as t:
+        yield t
+
+
+def _sed(tree):
+    return tree.seds[0]
+
+
+def _stats(tree) -> dict:
+    return tree.lt.call(lambda: _sed(tree).endpoint.stats.snapshot())
+
+
+def test_a_burst_of_calls_travels_as_batches_and_every_call_answers(tree):
+    server = tree.sed_names()[0]
+    before = _stats(tree)
+
+    async def go():
+        async with gridrpc.AsyncClient(tree.ma_address, user="bob") as c:
+            info = await c.resolve(server)
+            calls = [c.submit_nowait("add", i, 1, server=info) for i in range(300)]
+            return [await call for call in calls]
+
+    assert tree.lt.run(go(), timeout=60) == [i + 1 for i in range(300)]
+    after = _stats(tree)
+    got = after["by_type"].get("call", 0) - before["by_type"].get("call", 0)
+    assert got == 300                                   # each call handled as a message of its own
+    assert after["batches"] - before["batches"] >= 1     # ... but they came in envelopes
+    assert after["batches"] - before["batches"] <= 10
+
+
+def test_a_cancel_in_the_same_batch_as_its_call_is_not_overtaken(tree):
+    server = tree.sed_names()[0]
+
+    async def go():
+        async with gridrpc.AsyncClient(tree.ma_address, user="bob") as c:
+            info = await c.resolve(server)
+            calls = [c.submit_nowait("sleep", 30, server=info) for _ in range(20)]
+            await asyncio.sleep(0)           # the tasks send their CALLs into the outbox
+            await asyncio.sleep(0)
+            out = await asyncio.gather(*(call.acancel() for call in calls), return_exceptions=True)
+            errors = []
+            for call in calls:
+                try:
+                    await call
+                    errors.append(None)
+                except gridrpc.CallCancelled as exc:
+                    errors.append(type(exc).__name__)
+            return out, errors
+
+    out, errors = tree.lt.run(go(), timeout=60)
+    assert errors == ["CallCancelled"] * 20
+    assert tree.lt.call(lambda: len(_sed(tree).calls)) == 0        # nothing left running or queued
+
+
+def _raw_exchange(address: str, frames: list, expect: int = 1, timeout_ms: int = 5000) -> list[list]:
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(address)
+    try:
+        s.send_multipart(frames)
+        out = []
+        for _ in range(expect):
+            if not s.poll(timeout_ms):
+                break
+            out.append(s.recv_multipart())
+        return out
+    finally:
+        s.close()
+
+
+def _sed_address(tree) -> str:
+    return tree.lt.call(lambda: _sed(tree).endpoint.address)
+
+
+def test_raw_batch_gets_batched_answers_in_order(tree):
+    pings = [[m.dumps(m.make(MsgType.PING, f"p{i}", ids=[]))] for i in range(5)]
+    (reply,) = _raw_exchange(_sed_address(tree), m.batch(pings))
+    mt, h = m.parse_header(reply[0])
+    assert mt is MsgType.BATCH
+    parts = m.unbatch(h, reply[1:])
+    assert [m.parse_header(p[0])[1]["id"] for p in parts] == [f"p{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("frames, reason", [
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 1])), m.dumps(m.make(MsgType.PING, "x"))], "counts say 2"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[])), ], "at least one"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1] * 600))] + [b"{}"] * 600, "at most 512"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 2])), m.dumps(m.make(MsgType.PING, "x")),
+      m.dumps(m.make(MsgType.BATCH, "b2", n=[1])), m.dumps(m.make(MsgType.PING, "y"))], "batch cannot hold a batch"),
+])
+def test_bad_batches_are_refused_and_the_sed_keeps_serving(tree, frames, reason):
+    replies = _raw_exchange(_sed_address(tree), frames)
+    assert replies, "a bad batch must be answered"
+    texts = b" ".join(f for r in replies for f in r).decode(errors="replace")
+    assert "protocol" in texts and reason in texts
+    with gridrpc.Client(tree.ma_address, user="carol") as c:
+        assert c.call("add", 2, 2, server=tree.sed_names()[0]) == 4
+
+
+def test_a_bad_message_inside_a_batch_fails_alone(tree):
+    frames = m.batch([[m.dumps(m.make(MsgType.PING, "ok1", ids=[]))], [b"not json"],
+                      [m.dumps(m.make(MsgType.PING, "ok2", ids=[]))]])
+    (reply,) = _raw_exchange(_sed_address(tree), frames)
+    mt, h = m.parse_header(reply[0])
+    parts = [m.parse_header(p[0]) for p in m.unbatch(h, reply[1:])]
+    assert [t for t, _ in parts] == [MsgType.PONG, MsgType.ERROR, MsgType.PONG]
+    assert parts[1][1]["error"]["kind"] == "protocol"
+
+
+def test_batches_over_curve_keep_the_senders_identity(tmp_path):
+    """Under CURVE each message of a batch is the sender's (the key's user):
+    calls run as that user, and the SeD's ownership checks still apply."""
+    keys = str(tmp_path / "k")
+    with LocalTree(las=0, seds_under_ma=1, keys=keys, users=["alice"], http=False) as t:
+        sed = t.seds[0]
+
+        async def go():
+            async with gridrpc.AsyncClient(t.ma_address, keys=keys, user="alice") as c:
+                info = await c.resolve(t.sed_names()[0])
+                calls = [c.submit_nowait("add", i, i, server=info) for i in range(40)]
+                return [await call for call in calls]
+
+        assert t.lt.run(go(), timeout=60) == [2 * i for i in range(40)]
+        assert t.lt.call(lambda: sed.endpoint.stats.snapshot())["batches"] >= 1
+
+        async def forged():
+            async with gridrpc.AsyncClient(t.ma_address, keys=keys, user="alice") as c:
+                info = await c.resolve(t.sed_names()[0])
+                c.user = "mallory"                  # the header lies; the key decides
+                calls = [c.submit_nowait("sleep", 30, server=info) for _ in range(5)]
+                for _ in range(200):
+                    if len(sed.calls) == 5:
+                        break
+                    await asyncio.sleep(0.01)
+                users = sorted(call.user for call in sed.calls.values())
+                await asyncio.gather(*(call.acancel() for call in calls), return_exceptions=True)
+                return users
+
+        assert t.lt.run(forged(), timeout=60) == ["alice"] * 5
+
+
+def _discovers(tree) -> int:
+    return tree.lt.call(lambda: tree.ma.endpoint.stats.snapshot())["by_type"].get("discover", 0)
+
+
+@pytest.mark.parametrize("share, expected", [(True, 1), (False, 20)])
+def test_users_arriving_together_share_one_discovery(tree, share, expected):
+    before = _discovers(tree)
+
+    async def go():
+        clients = [gridrpc.AsyncClient(tree.ma_address, user=f"u{i}", share_discovery=share) for i in range(20)]
+        for c in clients:
+            await c.start()
+        try:
+            answers = await asyncio.gather(*(c.discover("add", 5) for c in clients))
+            # every client can call what it was given (it learnt the addresses itself)
+            assert await clients[-1].call("add", 1, 2, server=answers[-1][0]) == 3
+            return [[s.name for s in a] for a in answers]
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    answers = tree.lt.run(go(), timeout=60)
+    assert _discovers(tree) - before == expected
+    assert all(a == answers[0] for a in answers) if share else all(a for a in answers)
+
+
+def test_a_shared_discovery_that_fails_fails_for_everyone(tree):
+    async def go():
+        clients = [gridrpc.AsyncClient(tree.ma_address, user=f"u{i}", share_discovery=True) for i in range(5)]
+        for c in clients:
+            await c.start()
+        try:
+            return await asyncio.gather(*(c.discover("no_such_service", 5) for c in clients),
+                                        return_exceptions=True)
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    out = tree.lt.run(go(), timeout=60)
+    assert len(out) == 5 and all(isinstance(e, gridrpc.GridRPCError) for e in out)

@@ -1,0 +1,175 @@
+"""Stopping a running call interrupts its worker instead of killing it
+(gridrpc.sed.workers): real worker processes, real signals."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from gridrpc.sed.workers import WorkerGone, WorkerPool
+
+
+def _ticker(path: str, seconds: float) -> str:
+    """Appends a byte every 20 ms for ``seconds``: shows whether it still runs."""
+    end = time.monotonic() + seconds
+    with open(path, "ab", buffering=0) as fh:
+        while time.monotonic() < end:
+            fh.write(b".")
+            time.sleep(0.02)
+    return "finished"
+
+
+def _stubborn(seconds: float) -> str:
+    """Ignores interrupts (a service catching BaseException)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # noqa: BLE001 - on purpose
+            pass
+    return "stubborn"
+
+
+def _add(a, b):
+    return a + b
+
+
+def _fail():
+    raise RuntimeError("own error")
+
+
+SERVICES = {"ticker": _ticker, "stubborn": _stubborn, "add": _add, "fail": _fail}
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+async def _started(pool: WorkerPool, call_id: str, service: str, *args):
+    task = asyncio.ensure_future(pool.run(call_id, service, list(args), {}))
+    for _ in range(200):
+        if call_id in pool.by_call:
+            return task
+        await asyncio.sleep(0.005)
+    raise AssertionError("call never reached a worker")
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def test_interrupt_stops_the_call_and_keeps_the_worker(tmp_path):
+    path = str(tmp_path / "ticks")
+
+    async def go():
+        pool = WorkerPool(SERVICES, size=1, prestart=1, interrupt_grace=2.0)
+        pool.start()
+        try:
+            task = await _started(pool, "c1", "ticker", path, 30.0)
+            await asyncio.sleep(0.2)
+            assert _size(path) > 0, "the service should be running"
+            pid = pool.pids()[0]
+            t = time.monotonic()
+            assert pool.kill("c1") is True
+            with pytest.raises(WorkerGone) as info:
+                await task
+            assert info.value.killed and time.monotonic() - t < 0.5
+            # the worker answers the interrupt and serves the next call: no new process
+            assert await pool.run("c2", "add", [2, 3], {}) == (True, 5)
+            assert pool.pids() == [pid] and pool.spawned == 1
+            assert pool.interrupted == 1 and pool.killed == 0
+            stopped_at = _size(path)
+            await asyncio.sleep(0.2)
+            assert _size(path) == stopped_at, "the interrupted service kept running"
+        finally:
+            await pool.aclose()
+
+    _run(go())
+
+
+def test_a_service_that_ignores_the_interrupt_is_killed_after_the_grace(tmp_path):
+    async def go():
+        pool = WorkerPool(SERVICES, size=1, prestart=1, interrupt_grace=0.3)
+        pool.start()
+        try:
+            task = await _started(pool, "c1", "stubborn", 30.0)
+            pid = pool.pids()[0]
+            assert pool.kill("c1") is True
+            with pytest.raises(WorkerGone):
+                await task
+            # the next call waits for the stubborn worker, then runs on a fresh one
+            t = time.monotonic()
+            assert await pool.run("c2", "add", [1, 1], {}) == (True, 2)
+            assert 0.2 < time.monotonic() - t < 3.0
+            assert pool.killed == 1 and pool.spawned == 2
+            assert pid not in pool.pids()
+            for _ in range(100):
+                if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+                await asyncio.sleep(0.02)
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        finally:
+            await pool.aclose()
+
+    _run(go())
+
+
+def test_a_signal_for_another_call_is_ignored(tmp_path):
+    """The shared word names the call to stop: a late signal (its call ended,
+    the next one runs) must not stop the next call."""
+    path = str(tmp_path / "ticks")
+
+    async def go():
+        pool = WorkerPool(SERVICES, size=1, prestart=1)
+        pool.start()
+        try:
+            task = await _started(pool, "c1", "ticker", path, 0.3)
+            w = pool.by_call["c1"]
+            w.stop.value = w.served - 1         # the previous call's number
+            os.kill(w.proc.pid, signal.SIGUSR1)
+            assert await task == (True, "finished")
+        finally:
+            await pool.aclose()
+
+    _run(go())
+
+
+def test_own_errors_and_repeated_interrupts_leave_the_worker_serving(tmp_path):
+    path = str(tmp_path / "ticks")
+
+    async def go():
+        pool = WorkerPool(SERVICES, size=1, prestart=1, interrupt_grace=2.0)
+        pool.start()
+        try:
+            ok, err = await pool.run("e", "fail", [], {})
+            assert not ok and err[0] == "RuntimeError"
+            for i in range(20):
+                task = await _started(pool, f"c{i}", "ticker", path, 30.0)
+                pool.kill(f"c{i}")
+                with pytest.raises(WorkerGone):
+                    await task
+            assert await pool.run("last", "add", [20, 22], {}) == (True, 42)
+            assert pool.spawned == 1 and pool.killed == 0 and pool.interrupted == 20
+        finally:
+            await pool.aclose()
+
+    _run(go())
+
+
+def test_close_leaves_no_worker():
+    async def go():
+        pool = WorkerPool(SERVICES, size=2, prestart=2)
+        pool.start()
+        task = await _started(pool, "c1", "stubborn", 30.0)
+        pids = pool.pids()
+        await pool.aclose()
+        with pytest.raises(WorkerGone):
+            await task
+        return pids
+
+    for pid in _run(go()):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

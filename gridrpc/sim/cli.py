@@ -4,6 +4,8 @@
     gridrpc sim calibrate -o costs.json                # fit costs to the stored measurements
     gridrpc sim validate --json v.json --plot v.png    # predicted vs measured, every stored tree
     gridrpc sim scale --seds 100000 --clients 10000    # shapes compared at scale (cluster placement)
+    gridrpc sim trace FILE.swf [--policy least_wait_time] # replay an SWF job trace through batch SeDs
+    gridrpc sim trace-generate --jobs 3000 --seed 1 OUT.swf   # a synthetic SWF trace
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "the view's freshness bound is 1.5 periods")
     g.add_argument("--warmup", type=float, default=0.5, help="simulated seconds before the measured window")
     g.add_argument("--json")
+    from .trace_cli import add_trace_parsers
+    add_trace_parsers(s)
     p.set_defaults(func=run)
     return p
 
@@ -58,6 +62,12 @@ def _shape(text: str):
 
 
 def run(a) -> int:
+    if a.sim_cmd == "trace":
+        from .trace_cli import cmd_trace
+        return cmd_trace(a)
+    if a.sim_cmd == "trace-generate":
+        from .trace_cli import cmd_generate
+        return cmd_generate(a)
     from .model import Costs
     from .world import World, closed_loop, discovery_series, elements_for
     if a.sim_cmd == "calibrate":
@@ -86,5 +96,5 @@ def run(a) -> int:
                "ma_inbound_per_s": c["ma_inbound_per_s"], "wall_s": time.perf_counter() - t}
         print(json.dumps(out, indent=1))
         return 0
-    print("usage: gridrpc sim {run,calibrate,validate,scale} ...", file=sys.stderr)
+    print("usage: gridrpc sim {run,calibrate,validate,scale,trace,trace-generate} ...", file=sys.stderr)
     return 2

@@ -100,7 +100,14 @@ class MasterAgentRequests:
             key = _share_key(self, service, max_servers, aggregator, args, optional, max_age)
             shared = _SHARED.get(key)
             if shared is not None:
+                # the j-th joiner starts j places further down the ranking, as the MA's memory
+                # of its recent choices spreads separate discoveries: users who got one answer
+                # do not all put their first calls on the same servers
+                j = _JOINED[key] = _JOINED.get(key, 0) + 1
                 entries = await asyncio.shield(shared)
+                if entries:
+                    j %= len(entries)
+                    entries = entries[j:] + entries[:j]
             else:
                 fut = _SHARED[key] = self.loop.create_future()
                 try:
@@ -114,6 +121,7 @@ class MasterAgentRequests:
                 finally:
                     if _SHARED.get(key) is fut:
                         del _SHARED[key]
+                        _JOINED.pop(key, None)
         servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
                               idempotent=s.get("idempotent") is not False)
                    for s in entries]
@@ -184,6 +192,7 @@ class MasterAgentRequests:
 
 #: discoveries in flight that clients with ``share_discovery`` may join
 _SHARED: dict[tuple, asyncio.Future] = {}
+_JOINED: dict[tuple, int] = {}          # how many joined each of them so far
 
 
 def _share_key(client, service, k, aggregator, args, optional, max_age) -> tuple:

@@ -45,9 +45,12 @@ class ClientOptions:
     number, aggregator, arguments) that clients of this process ask on the
     same event loop while one of them is in flight get that one's answer:
     one DISCOVER for many users arriving together (a burst of 100 users is
-    one discovery, not 100). The estimates are those computed for the first
-    asker's user, so leave it off when servers estimate per user (batch
-    history) and that matters.
+    one discovery, not 100). The j-th client to join gets the ranking
+    rotated by j places (as the MA's memory of its recent choices spreads
+    separate discoveries), so their first calls do not all land on the same
+    servers. The estimates are those computed for the first asker's user, so
+    leave it off when servers estimate per user (batch history) and that
+    matters.
     """
     user: str | None = None
     timeout: float | None = None

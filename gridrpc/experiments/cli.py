@@ -67,4 +67,5 @@ def cmd_ethic(a: argparse.Namespace) -> int:
     print(f"unhappy_users {res['unhappy_users']:g}")
     print(f"unfairness {res['unfairness']:.4f}")
     print(f"completed {res['completed']:g}")
+    print(f"completed_by_deadline {res['completed_by_deadline']:g}")
     return 0

@@ -211,3 +211,43 @@ def test_a_shared_discovery_that_fails_fails_for_everyone(tree):
 
     out = tree.lt.run(go(), timeout=60)
     assert len(out) == 5 and all(isinstance(e, gridrpc.GridRPCError) for e in out)
+
+
+def test_cancels_arriving_together_do_not_start_and_kill_the_next_calls(tree):
+    """The SeD pauses its queues while it handles what one wake-up of its
+    socket brought (several clients' batches): five users cancelling all
+    their calls at once stop the two running ones, and no queued call starts
+    in between (issue #12: 13,800 cancellations at the users' deadline)."""
+    from gridrpc.core.sed_calls import Run
+    server = tree.sed_names()[0]
+    sed = _sed(tree)
+    started: list[str] = []
+    original = sed._apply
+
+    def counting(r, actions):
+        started.extend(a.call.id for a in actions if isinstance(a, Run))
+        return original(r, actions)
+
+    async def go():
+        clients = [gridrpc.AsyncClient(tree.ma_address, user=f"v{i}") for i in range(5)]
+        for c in clients:
+            await c.start()
+        try:
+            info = await clients[0].resolve(server)
+            calls = [c.submit_nowait("sleep", 30, server=info) for c in clients for _ in range(2)]
+            for _ in range(500):
+                if len(sed.calls) == 10 and sum(1 for x in sed.calls.values() if x.state.value == "running") == 2:
+                    break
+                await asyncio.sleep(0.01)
+            sed._apply = counting
+            try:
+                await asyncio.gather(*(call.acancel() for call in calls), return_exceptions=True)
+            finally:
+                del sed._apply
+            return len(sed.calls)
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    assert tree.lt.run(go(), timeout=60) == 0
+    assert started == []            # without the pause: each user's batch started the next user's calls

@@ -22,7 +22,7 @@ from gridrpc.sed.cloud.config import parse_cloud_config
 from gridrpc.sed.cloud.sed import CloudSeD
 from gridrpc.sed.cloud.vms import CloudVMs
 from gridrpc.sed.server import SeD
-from gridrpc.testing import LoopThread, example_sed
+from gridrpc.testing import LoopThread, example_sed, wait_for
 from gridrpc.transport.endpoint import Endpoint
 
 pytestmark = pytest.mark.timeout(60)
@@ -140,6 +140,7 @@ def test_a_sed_runs_a_new_back_end_through_the_protocol():
         assert dup["type"] == "result" and rec.ran == ["a1"]
         # cancel: the back-end is asked to stop; the runtime answers
         (acc, _), = _ask(s, m.make(MsgType.CALL, "s1", service="sleep", args=[5], kwargs={}))
+        wait_for(lambda: "s1" in rec.ran, 5, "s1 running")       # (it starts once the SeD's read ends)
         out = _ask(s, m.make(MsgType.CANCEL, "s1"), n=2)
         kinds = sorted(h["type"] + ":" + h.get("error", {}).get("kind", "") for h, _ in out)
         assert kinds == ["cancelled:", "error:cancelled"] and rec.killed == ["s1"]

@@ -108,6 +108,23 @@ class SedScheduler:
     _seq: int = 0
     _in_submit_order: bool = True        # arrivals came with non-decreasing submit times
     _last_submitted: float = float("-inf")
+    _paused: bool = False                # between pause() and resume(): nothing starts
+    _dirty: bool = False                 # something changed while paused
+
+    def pause(self) -> None:
+        """Take several inputs as one (a batch of messages): until
+        :meth:`resume`, arrivals, ends and cancellations are recorded but
+        nothing starts (and no preemption), so a burst of cancellations does
+        not start, then kill, each next request in turn."""
+        self._paused = True
+
+    def resume(self, now: float) -> list[Action]:
+        """End of the pause: what the queue decides now, once."""
+        self._paused = False
+        if not self._dirty:
+            return []
+        self._dirty = False
+        return self._reschedule(now)
 
     def has_free_slot(self) -> bool:
         """Would a request submitted now start at once (a free slot, nobody
@@ -184,6 +201,9 @@ class SedScheduler:
             self._in_submit_order, self._last_submitted = True, float("-inf")
 
     def _reschedule(self, now: float) -> list[Action]:
+        if self._paused:
+            self._dirty = True
+            return []
         if not self.requests:
             return []
         if getattr(self.policy, "arrival_order", False) and self._in_submit_order:

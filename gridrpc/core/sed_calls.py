@@ -130,6 +130,8 @@ class SedCalls:
         self.cache = ResultCache(result_cache_bytes, remember_ids)
         self.counts = {"submitted": 0, "finished": 0, "failed": 0, "cancelled": 0, "killed": 0,
                        "duplicates": 0, "expired": 0}
+        self.paused = False                 # between pause() and resume()
+        self._touched: set[str] = set()     # queues paused since
 
     # -- inputs ---------------------------------------------------------------
     def duplicate(self, call_id: str) -> Duplicate | None:
@@ -165,7 +167,7 @@ class SedCalls:
         call.state = CallState.QUEUED
         self.live[call.id] = call
         self.counts["submitted"] += 1
-        sch = self.schedulers[call.sed]
+        sch = self._queue(call.sed)
         return self._actions(sch.submit(Request(id=call.id, user=call.user, service=call.service,
                                                 optional=call.optional, submitted=call.received), now), now)
 
@@ -176,7 +178,7 @@ class SedCalls:
         if call is None:
             return ("done" if call_id in self.cache else "unknown"), []
         prev = call.state.value
-        actions = self._actions(self.schedulers[call.sed].cancel(call_id, now), now)
+        actions = self._actions(self._queue(call.sed).cancel(call_id, now), now)
         if prev == CallState.QUEUED:         # never started: no Kill, answer it here
             call.state = CallState.CANCELLED
             actions.insert(0, Drop(call))
@@ -188,7 +190,7 @@ class SedCalls:
         call = self.live.pop(call_id, None)
         if call is None:
             return []
-        sch = self.schedulers[call.sed]
+        sch = self._queue(call.sed)
         actions: list[Action] = []
         if call.state is CallState.RUNNING:
             call.state = CallState.FINISHED if ok else CallState.FAILED
@@ -202,7 +204,31 @@ class SedCalls:
         return actions
 
     def tick(self, sed: str, now: float) -> list[Action]:
-        return self._actions(self.schedulers[sed].tick(now), now)
+        return self._actions(self._queue(sed).tick(now), now)
+
+    def pause(self) -> None:
+        """Several messages handled as one (every message of one wake-up of
+        the SeD's socket): no call starts, none is preempted, until
+        :meth:`resume`. O(1): a queue is paused when first touched."""
+        self.paused = True
+
+    def resume(self, now: float) -> list[tuple[str, list[Action]]]:
+        """``(sed, actions)`` for every queue that has something to do now."""
+        self.paused = False
+        touched, self._touched = self._touched, set()
+        out = []
+        for sed in touched:
+            actions = self._actions(self.schedulers[sed].resume(now), now)
+            if actions:
+                out.append((sed, actions))
+        return out
+
+    def _queue(self, sed: str) -> SedScheduler:
+        sch = self.schedulers[sed]
+        if self.paused and sed not in self._touched:
+            self._touched.add(sed)
+            sch.pause()
+        return sch
 
     def next_wakeup(self, sed: str, now: float) -> float | None:
         return self.schedulers[sed].next_wakeup(now)

@@ -132,7 +132,9 @@ class CallsMixin:
         self.admit(call, now)
         if self.calls.get(cid) is not call:
             return
-        if ex.ack_delay > 0 and call.state is CallState.RUNNING and svc.idempotent:
+        starts = call.state is CallState.RUNNING or (
+            self.lifecycle.paused and len(r.scheduler.requests) <= r.scheduler.max_concurrent)  # at the resume
+        if ex.ack_delay > 0 and starts and svc.idempotent:
             # a call that starts at once and ends quickly needs no separate ACCEPTED:
             # the RESULT acknowledges it (one message less per call)
             call.ack_timer = asyncio.get_running_loop().call_later(ex.ack_delay, self._send_ack, call)
@@ -233,6 +235,20 @@ class CallsMixin:
             elif states[i] == "done" and cache.answer(i) is None:
                 self.endpoint.send(msg.route, self._gone(i))    # a client still waits: say so
         self.endpoint.reply(msg, m.make(MsgType.PONG, msg.id, name=self.name, calls=states))
+
+    # -- batches ----------------------------------------------------------
+    def _batch_begin(self) -> None:
+        """The messages of one wake-up of the socket (several clients'
+        batches, transport.channel) are taken as one: no call starts (or is
+        preempted) before the end, so 100 users cancelling their calls at a
+        common deadline do not start, then kill, each next call in turn."""
+        self.lifecycle.pause()
+
+    def _batch_end(self) -> None:
+        for sed, actions in self.lifecycle.resume(time.time()):
+            r = self.replicas.get(sed)
+            if r is not None:
+                self._apply(r, actions)
 
     # -- execution ------------------------------------------------------
     def _apply(self, r: Replica, actions: list) -> None:

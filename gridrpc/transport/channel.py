@@ -134,9 +134,12 @@ class Channel:
     (frames are ``zmq.Frame`` objects; routing ids included for ROUTER)."""
 
     def __init__(self, sock: zmq.Socket, on_message: Callable[[list], None],
-                 loop: asyncio.AbstractEventLoop | None = None, name: str = "") -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, name: str = "",
+                 around_drain: tuple[Callable[[], None], Callable[[], None]] | None = None) -> None:
         self.sock = sock
         self.on_message = on_message
+        #: ``(begin, end)`` around the messages of one wake-up (begin before the first)
+        self.around_drain = around_drain
         self.loop = loop or asyncio.get_running_loop()
         self.name = name
         self._fd = sock.getsockopt(zmq.FD)
@@ -171,6 +174,7 @@ class Channel:
         self._check_scheduled = False
         sock = self.sock
         self._draining = True
+        hooks, began = self.around_drain, False
         try:
             for _ in range(DRAIN_BATCH):    # bounded so one busy socket cannot starve the loop
                 if self.closed:
@@ -183,11 +187,19 @@ class Channel:
                     log.warning("%s: receive failed: %s", self.name, exc)
                     return
                 try:
+                    if hooks is not None and not began:
+                        began = True
+                        hooks[0]()
                     self.on_message(frames)
                 except Exception:  # a handler bug must not kill the daemon
                     log.exception("%s: error while handling a message", self.name)
         finally:
             self._draining = False
+            if began:
+                try:
+                    hooks[1]()
+                except Exception:  # noqa: BLE001 - same rule as a handler
+                    log.exception("%s: error after a batch of messages", self.name)
         self._schedule_check()
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ deadline, never blocks the answer.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import heapq
 import random
@@ -143,7 +144,7 @@ class DiscoveryTable:
         for s in servers:
             at = s.pop("_at", None)
             ts = self._recent_times(s["name"], horizon) if self.remember else ()
-            n = sum(1 for t in ts if at is None or t > at) if ts else 0
+            n = _count_after(ts, at) if ts else 0
             if n:
                 est = dict(s["estimation"]) if isinstance(s.get("estimation"), dict) else {}
                 since = now - ts[-1]
@@ -186,3 +187,12 @@ class DiscoveryTable:
                 s = {**s, "estimation": est}
             out.append(s)
         return out
+
+
+def _count_after(ts, at: float | None) -> int:
+    """How many of the (ascending) times ``ts`` are after ``at`` (all when
+    None), by bisection: a Python loop over every choice of the memory was
+    the MA's biggest cost per view answer at 1,000 discoveries/s."""
+    if at is None:
+        return len(ts)
+    return len(ts) - bisect.bisect_right(ts, at)     # a deque indexes in C: log n probes

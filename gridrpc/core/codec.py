@@ -133,7 +133,8 @@ def _descr(d):
 def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | None = None,
            copy: bool = True) -> Any:
     """Inverse of :func:`encode`. ``buffers`` are bytes-like objects (zmq frames' buffers).
-    ``copy=False`` returns arrays as read-only views on the buffers."""
+    ``copy=False`` returns arrays as views on the buffers (no copy; writable
+    if the buffer is). An array's shape and dtype must fill its buffer exactly."""
     t = type(tree)
     if t is list:
         return [decode(v, buffers, file_writer, copy) for v in tree]
@@ -161,11 +162,16 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
                      else np.dtype(tree["dtype"]))
             if dtype.hasobject:
                 raise ProtocolError("object arrays are refused")
-            shape = tuple(int(s) for s in tree["shape"])
+            shape = _shape(tree["shape"])
             buf = buffers[_index(tree)]
-            arr = np.frombuffer(buf, dtype=dtype) if len(memoryview(buf)) else np.empty(0, dtype)
+            count = math.prod(shape)
+            nbytes = memoryview(buf).nbytes
+            if count * dtype.itemsize != nbytes:    # the view never reaches past the frame
+                raise ProtocolError(f"array of shape {shape} and dtype {dtype.str} needs "
+                                    f"{count * dtype.itemsize} bytes, its frame has {nbytes}")
+            arr = np.frombuffer(buf, dtype=dtype, count=count) if count else np.empty(0, dtype)
             arr = arr.reshape(shape, order=tree.get("order", "C"))
-            if copy or tag == "ns":   # copy=False: read-only view on the frame (the SeD hands it to a worker)
+            if copy or tag == "ns":   # copy=False: a view on the frame (the SeD hands it to a worker)
                 arr = arr.copy(order="K")
             return arr[()] if tag == "ns" else arr
         if tag == "ref":
@@ -184,6 +190,15 @@ def _index(tree: dict) -> int:
     if type(i) is not int or i < 0:
         raise ValueError(f"buffer index must be a non-negative int, got {i!r}")
     return i
+
+
+def _shape(shape) -> tuple[int, ...]:
+    """An array's shape from a header: at most 64 dimensions (numpy's
+    limit), each a non-negative int (no -1 to infer, no float, no bool)."""
+    if (type(shape) is not list or len(shape) > 64
+            or not all(type(s) is int and 0 <= s <= _INT_MAX for s in shape)):
+        raise ProtocolError(f"an array's shape must be a list of at most 64 non-negative ints, got {shape!r}")
+    return tuple(shape)
 
 
 def _hashable(v):

@@ -107,6 +107,13 @@ class ResultCache:
             self.bytes -= size
             self.dropped += 1
 
+    def drop_answers(self) -> None:
+        """Forget every kept answer (the ids stay known): a stopped SeD frees
+        their memory (answers may hold shared-memory segments)."""
+        self.dropped += len(self._answers)
+        self._answers.clear()
+        self.bytes = 0
+
     def remember(self, call_id: str, owner: object = None) -> None:
         """Remember a finished id (its answer, if any, is given to :meth:`put`)."""
         if owner is not None:

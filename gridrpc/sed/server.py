@@ -309,6 +309,7 @@ class SeD(CallsMixin):
             if r.link:
                 await r.link.aclose()
         await self.data.close()
+        self.lifecycle.cache.drop_answers()     # nothing is answered any more: free them
         self.endpoint.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.closed.set()

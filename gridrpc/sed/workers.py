@@ -9,32 +9,37 @@ SIGUSR1; the worker raises :class:`CallInterrupted` inside the service
 next call — no fork, no new process (a burst of preemptions used to cost a
 fork of the whole SeD each, ~12 ms of its loop). A worker that has not
 answered within ``interrupt_grace`` seconds (a service stuck in C code or
-catching ``BaseException``) is killed for real (SIGKILL), reaped without
-blocking the loop, and a fresh one replaces it. Worker results come back
-through a pipe read by the event loop (``add_reader``), so the SeD never
-blocks on them.
+catching ``BaseException``) is killed for real (SIGKILL) and a fresh one
+replaces it. Worker results come back through a pipe read by the event loop
+(``add_reader``), so the SeD never blocks on them.
 
-Arguments and results cross the pipe with plain pickle (protocol 5) — only
-between the SeD and its own children, never on the network. (Not
-multiprocessing's ForkingPickler: it loses numpy's byte order, '>i4' comes
-back as 'int32'.)
+Arguments and results cross the pipe as plain pickle (protocol 5) — only
+between the SeD and its own children, never on the network — with large
+arrays in shared-memory segments (:mod:`gridrpc.sed.worker_link`,
+:mod:`gridrpc.sed.shm`): an argument received from the network is written
+once into a segment of the SeD and the service gets an array on it; a result
+is written once into a segment of the worker (not at all when it is an
+argument array returned) and the SeD sends it to the client from there.
+(Not multiprocessing's ForkingPickler: it loses numpy's byte order, '>i4'
+comes back as 'int32'.)
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import inspect
 import logging
 import multiprocessing as mp
-
-import numpy as np
-from multiprocessing import shared_memory
 import os
 import pickle
 import signal
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from .shm import OwnSegments, ShmError, ShmLimits
+from .worker_link import Link
 
 log = logging.getLogger(__name__)
 _CTX = mp.get_context("fork")
@@ -52,16 +57,31 @@ def _die_with_parent() -> None:
         pass
 
 
+def _close_inherited_segments() -> None:
+    """Close the SeD's segment descriptors that fork copied (the pool's and
+    those CPython's mmap objects keep): a segment the SeD closes must not
+    live on in a worker."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:gridrpc-"):
+                os.close(int(name))
+        except OSError:
+            pass
+
+
 class CallInterrupted(BaseException):
     """Raised inside a service whose call was cancelled or preempted (a
     BaseException, as KeyboardInterrupt: ``except Exception`` in a service
     does not swallow it)."""
 
 
-def _worker_main(conn, services: dict[str, Callable], inherited: list, stop=None) -> None:
+def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: ShmLimits, stop=None) -> None:
+    # the SeD's objects copied by fork are never collected here (some point
+    # into its segments, which are not mapped in this process)
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    running = [0]        # number of the call being served (the n-th this worker received); 0 between calls
+    running = [0, 0]        # [number of the call being served (0 between calls), calls received]
 
     def interrupt(_signum, _frame):
         # only the call the SeD named, and only while it runs: a late signal
@@ -71,122 +91,56 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, stop=None
             raise CallInterrupted()
 
     signal.signal(signal.SIGUSR1, interrupt)
-    served = 0
-    # fork copied the SeD's ends of every worker pipe (ours included): close
-    # them, so that EOF on our pipe really means the SeD is gone
+    # fork copied the SeD's ends of every worker pipe (ours included) and its
+    # segments' descriptors: close them, so that EOF on our pipe really means
+    # the SeD is gone and a segment the SeD closes is freed
     for other in inherited:
         try:
-            other.close()
+            other.close_fds() if isinstance(other, Link) else other.close()
         except OSError:
             pass
+    _close_inherited_segments()
     _die_with_parent()
+    link = Link(conn, OwnSegments(limits, "w"), limits)
     while True:
         try:
-            call_id, service, args, kwargs = recv_obj(conn)
+            box = [_serve_one(link, services, running)]
         except (EOFError, OSError, KeyboardInterrupt):
             os._exit(0)
-        served += 1
+        except ShmError:                       # the SeD would never send this: give up
+            os._exit(1)
+        call_id = box[0][0]
         try:
-            try:
-                running[0] = served
-                fn = services[service]
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = asyncio.run(_await(value))
-                running[0] = 0
-                reply = (call_id, True, value)
-            except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
-                running[0] = 0
-                reply = (call_id, False, (type(exc).__name__, str(exc), traceback.format_exc()))
-        except CallInterrupted:          # arrived while the service's own error was being formatted
-            running[0] = 0
-            reply = (call_id, False, ("CallInterrupted", "interrupted", ""))
-        try:
-            send_obj(conn, reply)
+            # the reply is handed over (no reference left here): the argument
+            # segments whose views it drops go back to the SeD with it
+            link.send(box.pop(), detach=True)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:  # unpicklable result
-            send_obj(conn, (call_id, False, (type(exc).__name__, f"cannot return the result: {exc}",
-                                             traceback.format_exc())))
+            link.send((call_id, False, (type(exc).__name__, f"cannot return the result: {exc}",
+                                        traceback.format_exc())))
 
 
-SHM_THRESHOLD = 1 << 20      # buffers from 1 MiB go through shared memory, not the pipe
-
-
-def send_obj(conn, obj) -> list[str]:
-    """Pickle protocol 5 with out-of-band buffers: numpy arrays and bytes are
-    not copied into the pickle. Buffers of 1 MiB and more travel through a
-    shared-memory segment (one memcpy each side; a pipe moves < 1 GB/s),
-    smaller ones through the pipe. The receiver unlinks the segments."""
-    bufs: list = []
-    head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
-    raws = [b.raw() for b in bufs]
-    plan, segments = [], []
+def _serve_one(link: Link, services: dict[str, Callable], running: list) -> tuple:
+    msg = None
+    while msg is None:          # None: the SeD only released or closed segments
+        msg = link.recv()
+    call_id, service, args, kwargs = msg
+    del msg
+    running[1] += 1
     try:
-        for r in raws:
-            if r.nbytes >= SHM_THRESHOLD:
-                shm = shared_memory.SharedMemory(create=True, size=r.nbytes)
-                _untrack(shm)
-                segments.append(shm)
-                np.frombuffer(shm.buf, np.uint8, r.nbytes)[:] = np.frombuffer(r, np.uint8)
-                plan.append(("shm", shm.name, r.nbytes))
-            else:
-                plan.append(("pipe", None, r.nbytes))
-        conn.send_bytes(pickle.dumps((head, plan), protocol=5))
-        for r, (how, _, _) in zip(raws, plan):
-            if how == "pipe":
-                conn.send_bytes(r)
-    except BaseException:
-        for shm in segments:            # never leave segments behind on failure
-            shm.close()
-            shm.unlink()
-        raise
-    for shm in segments:
-        shm.close()
-    return [shm.name for shm in segments]
-
-
-def unlink_segments(names: list[str]) -> None:
-    """Remove segments a dead receiver never took (no leak in /dev/shm)."""
-    for name in names:
         try:
-            shm = shared_memory.SharedMemory(name=name)
-        except FileNotFoundError:
-            continue
-        _untrack(shm)
-        shm.close()
-        shm.unlink()
-
-
-def recv_obj(conn):
-    head, plan = pickle.loads(conn.recv_bytes())
-    bufs = []
-    for how, name, n in plan:
-        if how == "shm":
-            b = np.empty(n, np.uint8)  # writable: services may modify their arrays in place
-            shm = shared_memory.SharedMemory(name=name)
-            try:
-                b[:] = np.frombuffer(shm.buf, np.uint8, n)
-            finally:
-                shm.close()
-                shm.unlink()
-            bufs.append(b)
-            continue
-        b = bytearray(n)
-        if n:
-            conn.recv_bytes_into(b)
-        else:
-            conn.recv_bytes()
-        bufs.append(b)
-    return pickle.loads(head, buffers=bufs)
-
-
-def _untrack(shm) -> None:
-    # the receiver unlinks the segment; without this the creator's resource
-    # tracker would unlink it again at exit and warn about a "leak"
-    try:
-        from multiprocessing import resource_tracker
-        resource_tracker.unregister(shm._name, "shared_memory")
-    except Exception:  # noqa: BLE001
-        pass
+            running[0] = running[1]
+            fn = services[service]
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_await(value))
+            running[0] = 0
+            return (call_id, True, value)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
+            running[0] = 0
+            return (call_id, False, (type(exc).__name__, str(exc), traceback.format_exc()))
+    except CallInterrupted:              # arrived while the service's own error was being formatted
+        running[0] = 0
+        return (call_id, False, ("CallInterrupted", "interrupted", ""))
 
 
 async def _await(aw):
@@ -196,25 +150,29 @@ async def _await(aw):
 @dataclass
 class _Worker:
     proc: Any
-    conn: Any
+    link: Link
     generation: int
     stop: Any = None                # shared word: the number of the call to interrupt
     served: int = 0                 # calls sent to it (the worker counts the same)
     call_id: str | None = None
     future: asyncio.Future | None = None
-    segments: list = field(default_factory=list)   # shared memory sent to it, not yet taken
     interrupting: asyncio.TimerHandle | None = None   # interrupted: its answer is awaited, then it is idle again
 
 
 class WorkerPool:
     """At most ``size`` workers, started on demand, shared by every SeD replica
-    of the process. ``run`` waits for a free worker."""
+    of the process. ``run`` waits for a free worker. ``limits``: the
+    shared-memory segments (:class:`~gridrpc.sed.shm.ShmLimits`), applied to
+    the SeD's and to each worker's."""
 
     def __init__(self, services: dict[str, Callable], size: int, prestart: int = 1,
-                 interrupt_grace: float = 0.5) -> None:
+                 limits: ShmLimits | None = None, interrupt_grace: float = 0.5) -> None:
         self.services = services
         self.interrupt_grace = interrupt_grace
         self.size = max(1, size)
+        self.limits = limits or ShmLimits()
+        self.segments = OwnSegments(self.limits, "s", notify=self._flush_soon)   # the arguments' segments
+        self._flush_scheduled = False
         self.workers: list[_Worker] = []
         self.idle: collections.deque[_Worker] = collections.deque()
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
@@ -241,15 +199,17 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         parent, child = _CTX.Pipe()
-        inherited = [parent] + [w.conn for w in self.workers]
+        inherited = [parent] + [w.link for w in self.workers]
         stop = _CTX.RawValue("q", 0)
-        proc = _CTX.Process(target=_worker_main, args=(child, self.services, inherited, stop), daemon=True)
+        proc = _CTX.Process(target=_worker_main, daemon=True,
+                            args=(child, self.services, inherited, self.limits, stop))
         proc.start()
         child.close()
-        w = _Worker(proc=proc, conn=parent, generation=self.generation, stop=stop)
+        w = _Worker(proc=proc, link=Link(parent, self.segments, self.limits, notify=self._flush_soon),
+                    generation=self.generation, stop=stop)
         self.workers.append(w)
         self.spawned += 1
-        self.loop.add_reader(parent.fileno(), self._readable, w)
+        self.loop.add_reader(w.link.fileno(), self._readable, w)
         return w
 
     async def _acquire(self) -> _Worker:
@@ -266,13 +226,14 @@ class WorkerPool:
             await fut
 
     def _release(self, w: _Worker) -> None:
-        w.segments = []                 # the worker answered: it took (and unlinked) them
         w.call_id = None
         w.future = None
         if w.generation != self.generation or self.closed:
             self._retire(w)
         else:
             self.idle.append(w)
+            if w.link.pending():        # released while it ran a call: tell it now it is idle
+                self._flush_soon()
         self._wake()
 
     def _wake(self) -> None:
@@ -291,7 +252,7 @@ class WorkerPool:
         self.by_call[call_id] = w
         w.served += 1
         try:
-            w.segments = send_obj(w.conn, (call_id, service, args, kwargs))
+            w.link.send((call_id, service, args, kwargs))
         except Exception as exc:
             self.by_call.pop(call_id, None)
             self._release(w)
@@ -303,9 +264,16 @@ class WorkerPool:
 
     def _readable(self, w: _Worker) -> None:
         try:
-            _call_id, ok, value = recv_obj(w.conn)
+            _call_id, ok, value = w.link.recv()
         except (EOFError, OSError, ConnectionError):
             self._died(w)
+            return
+        except ShmError as exc:         # the pipe cannot be trusted any more: a fresh worker
+            fut = w.future
+            self._retire(w, kill=True)
+            self._wake()
+            if fut is not None and not fut.done():
+                fut.set_result((False, (type(exc).__name__, f"bad answer from the worker: {exc}", "")))
             return
         except Exception as exc:  # result could not be unpickled
             ok, value = False, (type(exc).__name__, str(exc), "")
@@ -361,50 +329,66 @@ class WorkerPool:
         if w.interrupting is not None:
             w.interrupting.cancel()
             w.interrupting = None
-        if kill and w.proc.is_alive():
-            w.proc.kill()
-            self.killed += 1
-        if w.segments:
-            if kill:
-                w.proc.join(timeout=2)  # dead before its segments go (it may be reading one)
-            unlink_segments(w.segments)
-            w.segments = []
         if w in self.workers:
             self.workers.remove(w)
         try:
-            self.loop.remove_reader(w.conn.fileno())
+            self.loop.remove_reader(w.link.fileno())
         except (ValueError, OSError):
             pass
-        w.conn.close()          # an idle worker exits on EOF
-        self._reap(w, 0)
+        if kill and w.proc.is_alive():
+            w.proc.kill()
+            self.killed += 1
+        if not kill:
+            w.link.close_fds()  # an idle worker exits on EOF
+        w.proc.join(timeout=0.05 if not kill else 2)
+        if w.proc.is_alive() and kill:
+            log.warning("worker %s did not die after SIGKILL", w.proc.pid)
+        # segments it was reading: reused if it is surely gone, else closed
+        w.link.close(peer_dead=not w.proc.is_alive())
+        self.segments.collect()
 
-    def _reap(self, w: _Worker, tries: int) -> None:
-        """Collect the exit of a retired worker without blocking the loop."""
-        if not w.proc.is_alive():       # waitpid(WNOHANG)
+    def _flush_soon(self) -> None:
+        """A view on a segment died (maybe in zmq's I/O thread) or a segment
+        was closed: tell the idle workers soon, so that nothing stays mapped
+        longer than needed."""
+        if self._flush_scheduled or self.closed or self.loop is None:
             return
-        if tries >= 200 or self.loop is None or self.loop.is_closed():
-            w.proc.join(timeout=0.5)
-            if w.proc.is_alive():
-                log.warning("worker %s did not exit", w.proc.pid)
+        self._flush_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:            # the loop is closed: nothing to tell any more
+            pass
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.closed:
             return
-        self.loop.call_later(0.01, self._reap, w, tries + 1)
+        self.segments.collect()
+        for w in self.idle:
+            if w.link.pending():
+                try:
+                    w.link.send(None)
+                except OSError:         # it died: its reader sees EOF
+                    pass
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers]
 
+    def statistics(self) -> dict:
+        self.segments.collect()
+        return self.segments.statistics()
+
     async def aclose(self) -> None:
         self.closed = True
-        workers = list(self.workers)
-        for w in workers:
+        for w in list(self.workers):
             fut = w.future
             self._retire(w, kill=True)
             if fut is not None and not fut.done():      # its caller learns the call is over
                 fut.set_exception(WorkerGone(w.call_id, -signal.SIGKILL, killed=True))
-        for w in workers:                   # shutting down: wait for them (no zombie left)
-            w.proc.join(timeout=2)
         for fut in self.waiters:
             if not fut.done():
                 fut.cancel()
+        self.segments.close()
 
 
 class WorkerGone(Exception):

@@ -8,6 +8,7 @@ import traceback
 from typing import Any, Callable, ClassVar
 
 from ...core.estimation import scheduler_tags
+from ..shm import ShmLimits
 from ..workers import WorkerGone, WorkerPool
 from . import BaseBackend, Outcome, register_backend
 
@@ -26,19 +27,22 @@ class ProcessBackend(BaseBackend):
     """Each call runs in a worker process (forked: services of the user's
     script are there). A crashing, exiting or hanging service never takes the
     SeD down; cancel and preemption kill the worker (SIGKILL) and a fresh one
-    replaces it. Costs a pipe round trip per call (shared memory from 1 MiB).
+    replaces it. Costs a pipe round trip per call; arrays from 1 MiB cross
+    in shared-memory segments (``shm``: :class:`~gridrpc.sed.shm.ShmLimits`),
+    written once each way (see :mod:`gridrpc.sed.workers`).
     The pool (``workers`` processes) is shared by the replicas of the process."""
     name: ClassVar[str] = "process"
     ack_delay = 0.02            # a call that starts at once and ends quickly: RESULT stands for ACCEPTED
-    copy_args = False           # the workers get their own copies
+    copy_args = False           # views on the frames: written once into a segment for the worker
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = 2, shm: ShmLimits | None = None) -> None:
         self.size = workers
+        self.shm = shm
         self.pool: WorkerPool | None = None
 
     def bind(self, sed) -> None:
         super().bind(sed)
-        self.pool = WorkerPool(sed.functions, size=self.size)
+        self.pool = WorkerPool(sed.functions, size=self.size, limits=self.shm)
 
     async def start(self) -> None:
         self.pool.start()
@@ -62,7 +66,7 @@ class ProcessBackend(BaseBackend):
         return self.pool.kill(call.id)
 
     def statistics(self) -> dict:
-        return {"workers": len(self.pool.workers)}
+        return {"workers": len(self.pool.workers), "shm": self.pool.statistics()}
 
     async def close(self) -> None:
         await self.pool.aclose()

@@ -353,3 +353,24 @@ def test_confirmations_are_batched_longer_than_changes():
     assert v.flush_at == 1.01 + PUSH_INTERVAL
     batch = v.take(1.02)
     assert [e["name"] for e in batch["entries"]] == ["sed-2"] and batch["fresh"] == ["sed-1"]
+
+
+def test_an_idle_snapshot_resent_to_a_new_parent_arrives_alive():
+    """An LA resends its whole view to a restarted MA: a SeD idle for a long
+    time has an old snapshot that heartbeats kept confirming; it must arrive
+    with its last confirmation, not expire at once at the parent."""
+    la, ma = SubtreeView(), SubtreeView()
+    vec = {"add": {"num_running": 0}}
+    la.update("s1", [{"name": "s1", "services": vec, "age_ms": 0}], [], 0.0, {"s1": "s1"})
+    la.take(0.0)
+    for t in range(1, 31):                       # 30 s idle, confirmed by heartbeats
+        la.refresh("s1", ["s1"], float(t))
+    la.take(30.0)
+    la.resend_all(30.0)
+    batch = la.take(30.0)
+    (entry,) = batch["entries"]
+    assert entry["age_ms"] >= 29_000 and entry["seen_ms"] <= 1_000
+    ma.update("LA1", batch["entries"], [], 100.0, {"s1": "LA1"})
+    ma.expire(100.0, timeout=1.5)
+    assert "s1" in ma.seds                       # without seen_ms: older than the timeout, dropped
+    assert ma.seds["s1"].at <= 100.0 - 29.0      # its estimate keeps its true age

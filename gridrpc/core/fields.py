@@ -225,11 +225,16 @@ def _view_entry(v: object) -> bool:
             and all(type(s) is str and len(s) <= SHORT and type(e) is dict and len(e) <= MAX_KEYS
                     for s, e in services.items())
             and (age is None or ((type(age) is float or type(age) is int) and 0 <= age <= 1e9))
+            and _opt_age(v.get("seen_ms"))
             and (v.get("common") is None or (type(v["common"]) is dict and len(v["common"]) <= MAX_KEYS)))
 
 
+def _opt_age(x: object) -> bool:
+    return x is None or ((type(x) is float or type(x) is int) and 0 <= x <= 1e9)
+
+
 VIEW_ENTRY = (_view_entry, "a snapshot {\"name\": element name, \"services\": {service: estimation}, "
-                           "\"age_ms\": number}")
+                           "\"age_ms\": number, \"seen_ms\": number (since last confirmed)}")
 
 
 _counts, _counts_what = list_of(integer(1, MAX_BATCH_PART), MAX_BATCH)

@@ -165,8 +165,11 @@ class SubtreeView:
                 continue
             common = e.get("common")
             at = now - _age(e.get("age_ms"))
+            # last confirmed alive: an idle SeD's snapshot may be old and still true (resent whole
+            # to a restarted parent, it must not arrive already expired)
+            seen = max(at, now - _age(e["seen_ms"])) if "seen_ms" in e else at
             self.seds[name] = Snapshot(name, via, common if type(common) is dict else {},
-                                       {s: v for s, v in services.items() if type(v) is dict}, at, at)
+                                       {s: v for s, v in services.items() if type(v) is dict}, at, seen)
             self.updates += 1
             self._dirty(name, now)
         for name in gone:
@@ -220,7 +223,8 @@ class SubtreeView:
                 gone.append(name)
             else:
                 entries.append({"name": name, "common": s.common, "services": s.services,
-                                "age_ms": max(0.0, (now - s.at) * 1000.0)})
+                                "age_ms": max(0.0, (now - s.at) * 1000.0),
+                                "seen_ms": max(0.0, (now - s.seen) * 1000.0)})
         fresh = [n for n in self.fresh if n not in self.dirty and n in self.seds]
         self.dirty.clear()
         self.fresh.clear()

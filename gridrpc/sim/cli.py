@@ -31,11 +31,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--study", default="benchmarks/scalability/results/latest.json")
     c.add_argument("--suite", default="benchmarks/results/latest.json")
     c.add_argument("--max-load", type=float, default=15.0, help="latency fit: runs at load average <= this")
+    c.add_argument("--iterations", type=int, default=3,
+                   help="passes of count-then-fit (wake-ups depend on the costs being fitted)")
+    c.add_argument("--time-slice", type=float, default=3.0,
+                   help="ms a process keeps its core for its queued jobs while others wait (the costs are "
+                        "fitted for it)")
+    c.add_argument("--crowding", action="store_true",
+                   help="also fit a growth of every element's CPU with the processes per core "
+                        "(x max(1, processes/cores) ** exponent); off: it did not improve the validation")
     c.add_argument("-o", "--output")
     v = s.add_parser("validate", help="predict every stored tree of the scalability study, compare")
     v.add_argument("--study")
     v.add_argument("--costs")
     v.add_argument("--max-load", type=float, default=None)
+    v.add_argument("--seeds", type=int, default=3, help="closed-loop runs per tree (the median is compared)")
     v.add_argument("--json")
     v.add_argument("--plot")
     g = s.add_parser("scale", help="compare shapes at scale (agents and SeD processes on hosts of their own)")

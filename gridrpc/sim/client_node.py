@@ -28,12 +28,14 @@ class User:
 
     def __init__(self, client: "ClientNode", uid: str, *, service: str, k: int, call: bool, calls: int | None,
                  think: Callable[[random.Random], float] | None, user: str, aggregator=None,
-                 budget_ms: float | None = None, optional: bool = False, on_done=None) -> None:
+                 budget_ms: float | None = None, optional: bool = False, on_done=None,
+                 max_age: float | None = None) -> None:
         self.client, self.uid, self.service, self.k, self.call = client, uid, service, k, call
         self.left = calls
         self.think, self.user, self.aggregator, self.budget_ms = think, user, aggregator, budget_ms
         self.optional = optional
         self.on_done = on_done
+        self.max_age = max_age          # as Client.discover(max_age=): 0 always fans out
         self.machine: cm.CallMachine | None = None
         self.t_discover = self.t_call = 0.0
         self._tick_at: float | None = None
@@ -52,6 +54,8 @@ class User:
             h["aggregator"] = self.aggregator
         if self.budget_ms is not None:
             h["budget_ms"] = self.budget_ms
+        if self.max_age is not None:
+            h["max_age_ms"] = max(0.0, float(self.max_age)) * 1000.0
         if out is None:
             c.local(lambda o: o.send(c.route, c.ma, h))
         else:

@@ -17,7 +17,8 @@ Headers are the real wire headers (``gridrpc.core.messages.make``), passed
 as dicts (no JSON). Every message received is a job on the receiving
 process: its CPU cost is ``msg[kind] * (1 + messages sent) + item[kind] *
 (items received and sent)`` (items: estimation vectors, replica names,
-subtree elements), from the calibration (:mod:`gridrpc.sim.model`).
+subtree elements), plus ``wakeup[kind]`` if the process was idle, from the
+calibration (:mod:`gridrpc.sim.model`).
 
 Layout: :mod:`gridrpc.sim.node` (what every element shares: jobs, their CPU
 cost), :mod:`gridrpc.sim.agent_node`, :mod:`gridrpc.sim.sed_node`,

@@ -8,9 +8,24 @@ to charge CPU time and to carry messages.
 CPU model: a :class:`Proc` (an OS process: an agent, a SeD process, a
 client, a worker) runs one job at a time, in arrival order; a job needs one
 of its :class:`Host`'s cores for ``cost`` seconds; a host serves the
-processes waiting for a core in turn (one job each, round robin), so a
-saturated MA shows as a growing queue in front of its process and two busy
-processes on a one-core host slow each other down.
+processes waiting for a core in turn (round robin: a process keeps its core
+for its queued jobs for up to the host's ``time_slice``, then the next one
+gets it), so a saturated MA shows as a growing queue in front of its process
+and two busy processes on a one-core host slow each other down.
+
+Wake-ups: a process that was *idle* (no job queued or running) when a job
+arrives pays ``wakeup`` seconds of CPU on top of that job (the event loop
+returns from poll, the scheduler switches it in); every job that arrives
+while it is busy -- running, or waiting for a core -- is drained in the same
+busy period without that charge. A daemon under load drains its messages in
+batches; a daemon answering one discovery at a time pays the wake-up on
+every message. ``wake_tail`` of the wake-up is spent after the job's
+messages left (the event loop going back to poll): it holds the core but is
+not on the messages' path.
+
+Crowding: the CPU of an element process's job (wake-up included) is
+multiplied by ``max(1, element processes on the host / cores) **
+crowding``: per message a process costs more when many share the cores.
 """
 from __future__ import annotations
 
@@ -62,32 +77,52 @@ class Sim:
 
 class Host:
     """A machine: ``cores`` cores shared by its processes; ``speed`` scales
-    every job's cost (1.0: the calibration host; 0.5: twice as slow)."""
+    every job's cost (1.0: the calibration host; 0.5: twice as slow);
+    ``time_slice``: how long a process keeps its core for its queued jobs
+    while others wait (0: one job, then the next process in turn)."""
 
-    def __init__(self, sim: Sim, name: str, cores: int = 1, speed: float = 1.0) -> None:
+    def __init__(self, sim: Sim, name: str, cores: int = 1, speed: float = 1.0,
+                 time_slice: float = 0.0, crowding: float = 0.0) -> None:
+        if cores < 1 or not speed > 0.0 or not time_slice >= 0.0 or not crowding >= 0.0:
+            raise ValueError(f"host {name!r}: cores >= 1, speed > 0, time_slice >= 0 and crowding >= 0 "
+                             f"(got {cores}, {speed}, {time_slice}, {crowding})")
         self.sim, self.name, self.cores, self.speed = sim, name, cores, speed
+        self.time_slice = time_slice
+        self.crowding = crowding
+        self.elements = 0               # element processes (agents, SeD processes, clients) placed here
+        self.factor = 1.0               # their CPU costs x max(1, elements per core) ** crowding
         self.free = cores
         self.ready: collections.deque[Proc] = collections.deque()
         self.busy_time = 0.0
 
+    def add_element(self) -> None:
+        """One more element process here: every element's CPU per job grows
+        with the processes per core (context switches, cold caches)."""
+        self.elements += 1
+        self.factor = max(1.0, self.elements / self.cores) ** self.crowding
+
     def _want(self, proc: "Proc") -> None:
         if self.free > 0:
             self.free -= 1
+            proc.slice_start = self.sim.now
             proc._run_next()
         else:
             self.ready.append(proc)
 
     def _release(self, proc: "Proc") -> None:
-        """``proc`` finished a job: the core goes to the next process in turn."""
-        if self.ready:
+        """``proc`` finished a job: it goes on with its next job if nobody
+        waits or its time slice is not used up; else the core goes to the
+        next process in turn."""
+        if proc.jobs and (not self.ready or self.sim.now - proc.slice_start < self.time_slice):
+            proc._run_next()
+        elif self.ready:
             nxt = self.ready.popleft()
             if proc.jobs:
                 self.ready.append(proc)
             else:
                 proc.running = False
+            nxt.slice_start = self.sim.now
             nxt._run_next()
-        elif proc.jobs:
-            proc._run_next()
         else:
             proc.running = False
             self.free += 1
@@ -98,15 +133,27 @@ class Proc:
     ``submit(fn, *args)`` runs ``fn(*args)`` when the job *starts* (so the
     handler sees the time the process got to the message); ``fn`` returns
     None or an object with ``cost`` (CPU seconds) and ``complete()``, called
-    when that CPU time is spent (e.g. the messages leave then)."""
+    when that CPU time is spent (e.g. the messages leave then; with a
+    ``wake_tail``, that part of the wake-up is spent after ``complete()``).
+    ``wakeup``: CPU seconds added to the first job after the process was idle."""
 
-    def __init__(self, host: Host, name: str, kind: str) -> None:
+    def __init__(self, host: Host, name: str, kind: str, wakeup: float = 0.0, wake_tail: float = 0.0) -> None:
+        if not wakeup >= 0.0:
+            raise ValueError(f"wake-up cost must be >= 0 seconds, not {wakeup!r}")
+        if not 0.0 <= wake_tail <= 1.0:
+            raise ValueError(f"wake_tail is a share in [0, 1], not {wake_tail!r}")
         self.host, self.name, self.kind = host, name, kind
         self.sim = host.sim
         self.jobs: collections.deque = collections.deque()
         self.running = False
         self.busy_time = 0.0
         self.jobs_done = 0
+        self.wakeup = wakeup                # CPU seconds charged when an idle process gets a job
+        self.wake_tail = wake_tail          # share of the wake-up spent after the job's messages left
+        self.wakeups = 0                    # idle -> busy transitions so far
+        self._woken = False                 # the next job to start pays the wake-up
+        self.slice_start = 0.0              # when it last got a core
+        self.element = False                # its costs grow with the host's crowding (Host.add_element)
         self.io: Proc | None = None         # a helper thread taking ``io_share`` of every job (zmq's I/O thread)
         self.io_share = 0.0
 
@@ -114,26 +161,46 @@ class Proc:
         self.jobs.append((fn, args))
         if not self.running:
             self.running = True
+            self._woken = True
+            self.wakeups += 1
             self.host._want(self)
 
     def _run_next(self) -> None:
         fn, args = self.jobs.popleft()
         out = fn(*args)                      # the handler runs at the start of its job
         cost = (out.cost if out is not None else 0.0)
+        tail = 0.0
+        if self._woken:
+            self._woken = False
+            cost += self.wakeup
+            tail = self.wakeup * self.wake_tail
+        if self.element:
+            cost *= self.host.factor
+            tail *= self.host.factor
         if self.io is not None and cost > 0.0:
             side = cost * self.io_share
             cost -= side
+            tail = min(tail, cost)
             self.io.submit(_Fixed, side)
-        cost /= self.host.speed
+        speed = self.host.speed
+        cost /= speed
         self.busy_time += cost
         self.host.busy_time += cost
         self.jobs_done += 1
-        self.sim.after(cost, self._finished, out)
+        if tail > 0.0:                       # the messages leave before the end of the wake-up's CPU
+            self.sim.after(cost - tail / speed, _complete, out)
+            self.sim.after(cost, self._finished, None)
+        else:
+            self.sim.after(cost, self._finished, out)
 
     def _finished(self, out: Any) -> None:
-        if out is not None and callable(getattr(out, "complete", None)):
-            out.complete()
+        _complete(out)
         self.host._release(self)
+
+
+def _complete(out: Any) -> None:
+    if out is not None and callable(getattr(out, "complete", None)):
+        out.complete()
 
 
 class _Fixed:

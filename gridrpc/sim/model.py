@@ -20,8 +20,10 @@ KINDS = ("ma", "la", "sed", "client", "locust", "worker")
 
 @dataclass
 class Costs:
-    """CPU seconds: ``msgs[kind]`` per message received or sent by a process
-    of that kind, ``items[kind]`` per item in those messages (estimation
+    """CPU seconds: ``wakeups[kind]`` each time a process of that kind goes
+    from idle to busy (one per batch of messages it drains: see
+    :mod:`gridrpc.sim.engine`), ``msgs[kind]`` per message received or sent,
+    ``items[kind]`` per item in those messages (estimation
     vectors ranked or built, replica names, subtree elements);
     ``exec_cpu``: a worker's CPU per call besides the service itself (the
     pipe hop); ``call_cpu``: the SeD process's extra work per finished call.
@@ -29,12 +31,16 @@ class Costs:
     wake-up of the receiver); ``lan_latency``: between hosts."""
     msgs: dict = field(default_factory=dict)
     items: dict = field(default_factory=dict)
+    wakeups: dict = field(default_factory=dict)
     exec_cpu: float = 50e-6
     call_cpu: float = 100e-6
     local_latency: float = 60e-6
     lan_latency: float = 100e-6
     lan_bandwidth: float = 1.25e8
     io_share: float = 0.0             # share of a message's CPU spent off the process's thread (zmq I/O)
+    time_slice: float = 0.0           # a process keeps its core this long for its queued jobs (engine.Host)
+    wake_tail: float = 0.0            # share of a wake-up's CPU spent after the job's messages left
+    crowding: float = 0.0             # element CPU x max(1, element processes per core) ** crowding
     source: str = ""
     fit: dict = field(default_factory=dict)
 
@@ -44,9 +50,12 @@ class Costs:
     def item(self, kind: str) -> float:
         return self.items.get(kind, 0.0)
 
+    def wake(self, kind: str) -> float:
+        return self.wakeups.get(kind, 0.0)
+
     @classmethod
     def zero(cls) -> "Costs":
-        return cls(msgs={}, items={}, exec_cpu=0.0, call_cpu=0.0, local_latency=0.0, lan_latency=0.0,
+        return cls(msgs={}, items={}, wakeups={}, exec_cpu=0.0, call_cpu=0.0, local_latency=0.0, lan_latency=0.0,
                    source="zero (counting only)")
 
     @classmethod
@@ -62,14 +71,16 @@ class Costs:
 
 
 # Fitted by `gridrpc sim calibrate` (see docs/simulation.md) from the stored results of
-# `python -m benchmarks.scalability --profile` (27 trees, 2 vCPUs, load average 3-65) and
-# `python -m benchmarks` (client costs). Re-run to refresh.
+# `python -m benchmarks.scalability --profile` (27 trees, 2 vCPUs, load average 3-65: sequential
+# discoveries and 156 load steps) and `python -m benchmarks` (client costs). Re-run to refresh.
 DEFAULT_COSTS = {
-    "msgs": {"client": 0.0001831, "la": 0.000127, "locust": 0.0001682, "ma": 6.703e-05, "sed": 0.0001664},
-    "items": {"la": 2.363e-06, "ma": 1.678e-06, "sed": 1.563e-06},
-    "exec_cpu": 5e-05, "call_cpu": 0.0, "local_latency": 1.5e-05, "lan_latency": 0.0001,
-    "lan_bandwidth": 125000000.0, "io_share": 0.0,
-    "source": 'gridrpc sim calibrate: 27 trees of python -m benchmarks.scalability --profile (2026-11-22T01:39:34, 2 CPUs)', "fit": {},
+    "wakeups": {"la": 0.0003078, "locust": 0.0, "ma": 0.0002564, "sed": 0.0002462},
+    "msgs": {"client": 0.0001831, "la": 3.912e-05, "locust": 0.0001246, "ma": 3.134e-05, "sed": 5.596e-05},
+    "items": {"la": 1.613e-06, "ma": 1.375e-06, "sed": 1.769e-06},
+    "exec_cpu": 5e-05, "call_cpu": 0.0, "local_latency": 9.5e-05, "lan_latency": 0.0001,
+    "lan_bandwidth": 125000000.0, "io_share": 0.3, "time_slice": 0.003, "wake_tail": 0.75,
+    "crowding": 0.0,
+    "source": 'gridrpc sim calibrate: 27 trees of python -m benchmarks.scalability --profile (2026-11-22T01:39:34, 2 CPUs), discoveries and load steps', "fit": {},
 }
 
 

@@ -1,8 +1,9 @@
 """What every simulated element shares (:mod:`gridrpc.sim.elements`): a
 process on a simulated host whose received messages are jobs, each charged
 ``msg[kind] * (1 + messages sent) + item[kind] * (items received and sent)``
-of CPU time (the calibration, :mod:`gridrpc.sim.model`), and the rough wire
-size of a header."""
+of CPU time, plus ``wakeup[kind]`` when the process was idle (the engine:
+:mod:`gridrpc.sim.engine`; the calibration: :mod:`gridrpc.sim.model`), and
+the rough wire size of a header."""
 from __future__ import annotations
 
 import collections
@@ -73,7 +74,9 @@ class Node:
         self.world = world
         self.name = name
         self.kind = kind or self.kind
-        self.proc = Proc(host, name, self.kind)
+        self.proc = Proc(host, name, self.kind, world.costs.wake(self.kind), world.costs.wake_tail)
+        self.proc.element = True
+        host.add_element()
         share = world.costs.io_share
         if share > 0.0 and self.kind != "worker":
             self.proc.io = Proc(host, name + "-io", "io")

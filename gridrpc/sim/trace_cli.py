@@ -84,7 +84,8 @@ def _fmt(v, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def print_table(results: list[dict], out=sys.stdout) -> None:
+def print_table(results: list[dict], out=None) -> None:
+    out = out if out is not None else sys.stdout      # the stream of the moment (not of import time)
     head = (f"{'policy':<16} {'jobs':>7} {'mean wait s':>12} {'median wait s':>13} {'mean bsld':>10} "
             f"{'cost':>10} {'makespan d':>10} {'|dwait| med s':>13} {'queued':>7} {'|dwait| q s':>11} "
             f"{'|dtcomp|/run':>12} {'wall s':>7}")

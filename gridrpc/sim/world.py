@@ -123,7 +123,8 @@ class World:
     def host(self, name: str, cores: int) -> Host:
         h = self.hosts.get(name)
         if h is None:
-            h = self.hosts[name] = Host(self.sim, name, cores, self.speed)
+            h = self.hosts[name] = Host(self.sim, name, cores, self.speed, self.costs.time_slice,
+                                        self.costs.crowding)
         return h
 
     def _host_for(self, kind: str, name: str, replicas: int = 1) -> Host:

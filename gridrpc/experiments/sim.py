@@ -7,7 +7,9 @@ Drives the *same* pure objects as the real runtime — one
 clock with zero network latency, and writes the same event log as the real
 runner. Seconds per run instead of minutes: used to compare policy options
 (``accounting``, ``kill_grace``) before measuring them on a real tree, and
-as a reference for what the real runs lose to overheads.
+as a reference for what the real runs lose to overheads. The same with the
+runtime's calibrated overheads: :mod:`.sim_runtime` (``gridrpc experiment
+ethic --simulate``), which with zero overheads gives this module's event log.
 """
 from __future__ import annotations
 

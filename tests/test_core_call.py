@@ -224,6 +224,22 @@ def test_user_cancel_waits_for_the_server():
     assert type(e) is CallCancelled and str(e) == "call to add cancelled"
 
 
+def test_a_cancel_ack_carries_the_servers_timing_to_the_error():
+    """The CANCELLED reply may come before the call's own answer: its timing
+    (the killed work) is what the caller gets."""
+    mc, _ = started(1)
+    mc.handle(Accepted("t-1"), 0.0)
+    mc.handle(Cancel(), 1.0)
+    timing = {"received": 10.0, "started": 10.5, "ended": 11.0}
+    (fail,) = mc.handle(CancelAck("t-1", "running", timing), 1.2)
+    assert fail.error.kind == "cancelled" and fail.error.timing == timing
+    mc2, _ = started(1)
+    mc2.handle(Accepted("t-1"), 0.0)
+    mc2.handle(Cancel(), 1.0)
+    (fail2,) = mc2.handle(CancelAck("t-1", "queued"), 1.2)
+    assert fail2.error.timing == {}
+
+
 def test_user_cancel_outcomes():
     err = {"kind": "cancelled", "type": "cancelled", "message": "call cancelled while queued", "traceback": ""}
     mc, _ = started(1)

@@ -157,6 +157,8 @@ def test_cancel_queued_and_running_frees_server(tree, client):
     assert running.cancel() is True
     with pytest.raises(gridrpc.CallCancelled):
         running.result(5)
+    # the server's timing of the killed work reaches the caller (the CANCELLED reply carries it too)
+    assert running.timing.get("started") is not None and running.timing["ended"] >= running.timing["started"]
     t = time.monotonic()
     assert client.call("add", 1, 1, server=name) == 2
     assert time.monotonic() - t < 2.0           # the server is free at once

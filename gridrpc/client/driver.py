@@ -190,7 +190,7 @@ class CallDriver:
             event = Error(cid, h["error"], _dict(h.get("timing")), _str(h.get("server")),
                           reply=(mt, h, list(frames[1:])))
         elif mt is MsgType.CANCELLED:
-            event = CancelAck(cid, _str(h.get("state")))
+            event = CancelAck(cid, _str(h.get("state")), _dict(h.get("timing")))
         else:
             event = Malformed(f"unexpected {mt.value!r} message", cid)
         self.feed(flight, event)

@@ -289,7 +289,10 @@ class CallMachine(Rediscovery):
     def _cancel_ack(self, ev: CancelAck, now: float) -> list:
         if ev.id != self.id or self.phase is not Phase.CANCELLING:
             return []
-        return self._fail(self._cancelled())
+        err = self._cancelled()
+        if ev.timing:
+            err = CallError(kind=err.kind, message=err.message, server=err.server, timing=ev.timing)
+        return self._fail(err)
 
     def _tick(self, ev: Tick, now: float) -> list:
         ph = self.phase

@@ -158,6 +158,7 @@ class Malformed:
 class CancelAck:
     id: str
     state: str | None = None
+    timing: dict | None = None      # the server's timing of the call (started, ended: the killed work)
 
 
 @dataclass(frozen=True, slots=True)

@@ -277,7 +277,7 @@ BY_TYPE: dict[str, tuple] = {
     "result": _fields(("value", False, *ANY), ("server", False, *NAME), ("timing", False, *TIMING),
                       ("batch", False, *obj(MAX_KEYS)), ("vm", False, *TEXT_SHORT)),
     "cancel": _fields(("sed", False, *NAME)),
-    "cancelled": _fields(("state", False, *TEXT_SHORT)),
+    "cancelled": _fields(("state", False, *TEXT_SHORT), ("server", False, *NAME), ("timing", False, *TIMING)),
     "ping": _fields(("ids", False, *list_of(ID, MAX_ITEMS))),
     "pong": _fields(("name", False, *NAME), ("calls", False, *mapping(ID, TEXT_SHORT, MAX_ITEMS))),
     # lifecycle events going up the tree (child -> parent), each validated by the MA (core/events.py)

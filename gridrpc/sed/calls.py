@@ -209,9 +209,12 @@ class CallsMixin:
         if call is not None:
             self.stats["cancelled"] += 1
         prev, actions = self.lifecycle.cancel(cid, time.time())
+        # the timing of the work done (started, ended now), as the call's own answer has it:
+        # whichever of the two reaches the client first, the killed work is accounted
+        extra = self.timing(call) if call is not None else {}
         if call is not None:
             self._apply(call.replica, actions)
-        self.endpoint.reply(msg, m.make(MsgType.CANCELLED, cid, state=prev))
+        self.endpoint.reply(msg, m.make(MsgType.CANCELLED, cid, state=prev, **extra))
 
     def _on_ping(self, msg: Incoming) -> None:
         ids = msg.header.get("ids")

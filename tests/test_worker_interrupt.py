@@ -173,3 +173,27 @@ def test_close_leaves_no_worker():
 
     for pid in _run(go()):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_interrupt_sent_before_the_call_began_still_stops_it(tmp_path):
+    """The SeD may cancel a call in the instant after sending it, before the
+    worker has read it: the signal is then ignored (nothing runs), but the
+    shared word already names the call, so it stops as soon as it begins
+    (found at scale: workers killed after the grace for calls cancelled at once)."""
+    path = str(tmp_path / "ticks")
+
+    async def go():
+        pool = WorkerPool(SERVICES, size=1, prestart=1, interrupt_grace=5.0)
+        pool.start()
+        try:
+            w = pool.idle[0]
+            w.stop.value = w.served + 1             # as kill() would, before the CALL is read
+            t = time.monotonic()
+            ok, err = await pool.run("c1", "ticker", [path, 30.0], {})
+            assert not ok and err[0] == "CallInterrupted" and time.monotonic() - t < 2.0
+            assert await pool.run("c2", "add", [1, 2], {}) == (True, 3)
+            assert pool.spawned == 1
+        finally:
+            await pool.aclose()
+
+    _run(go())

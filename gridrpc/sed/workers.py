@@ -104,7 +104,7 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: S
     link = Link(conn, OwnSegments(limits, "w"), limits)
     while True:
         try:
-            box = [_serve_one(link, services, running)]
+            box = [_serve_one(link, services, running, stop)]
         except (EOFError, OSError, KeyboardInterrupt):
             os._exit(0)
         except ShmError:                       # the SeD would never send this: give up
@@ -119,7 +119,7 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: S
                                         traceback.format_exc())))
 
 
-def _serve_one(link: Link, services: dict[str, Callable], running: list) -> tuple:
+def _serve_one(link: Link, services: dict[str, Callable], running: list, stop=None) -> tuple:
     msg = None
     while msg is None:          # None: the SeD only released or closed segments
         msg = link.recv()
@@ -129,6 +129,11 @@ def _serve_one(link: Link, services: dict[str, Callable], running: list) -> tupl
     try:
         try:
             running[0] = running[1]
+            if stop is not None and stop.value == running[1]:
+                # interrupted before it began (the signal came while the call was being read, and was
+                # ignored then): the word the SeD wrote first says so
+                running[0] = 0
+                raise CallInterrupted()
             fn = services[service]
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):

@@ -23,8 +23,10 @@ def _ticker(path: str, seconds: float) -> str:
     return "finished"
 
 
-def _stubborn(seconds: float) -> str:
+def _stubborn(seconds: float, started: str | None = None) -> str:
     """Ignores interrupts (a service catching BaseException)."""
+    if started:
+        open(started, "w").close()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
@@ -95,8 +97,13 @@ def test_a_service_that_ignores_the_interrupt_is_killed_after_the_grace(tmp_path
     async def go():
         pool = WorkerPool(SERVICES, size=1, prestart=1, interrupt_grace=0.3)
         pool.start()
+        began = str(tmp_path / "began")
         try:
-            task = await _started(pool, "c1", "stubborn", 30.0)
+            task = await _started(pool, "c1", "stubborn", 30.0, began)
+            for _ in range(400):              # the service itself runs (an interrupt sent before it
+                if os.path.exists(began):     # began stops the call at once: another test)
+                    break
+                await asyncio.sleep(0.005)
             pid = pool.pids()[0]
             assert pool.kill("c1") is True
             with pytest.raises(WorkerGone):

@@ -269,7 +269,10 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                 servers = await self.discover(call.service, k, aggregator=aggregator, args=light,
                                               optional=call.optional)
         except asyncio.TimeoutError:
-            event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out")
+            mas = ", ".join(self.master_agents)
+            event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out: the master agent"
+                                         f"{'s' if len(self.master_agents) > 1 else ''} at {mas} did not answer "
+                                         f"within {max(0.01, a.timeout or 0):.3g}s")
         except asyncio.CancelledError:
             return
         except GridRPCError as exc:

@@ -76,14 +76,11 @@ CROWDING_GRID = tuple(i * 0.025 for i in range(13))
 
 
 def _nnls(rows: list[list[float]], ys: list[float]) -> list[float]:
-    try:
-        from scipy.optimize import nnls
-        import numpy as np
-        x, _ = nnls(np.array(rows), np.array(ys))
-        return [float(v) for v in x]
-    except ImportError:          # pragma: no cover - plain normal equations, clamped
-        from ..deploy.plan import _lstsq
-        return [max(0.0, v) for v in _lstsq(rows, ys)]
+    """Non-negative least squares (scipy's Lawson-Hanson: costs cannot be negative)."""
+    import numpy as np
+    from scipy.optimize import nnls
+    x, _ = nnls(np.array(rows), np.array(ys))
+    return [float(v) for v in x]
 
 
 def neutral_costs(time_slice: float = TIME_SLICE) -> Costs:

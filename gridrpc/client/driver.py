@@ -27,7 +27,7 @@ from ..core.call import (Abort, Accepted, Cancel, CancelAck, CallError, CallMach
                          Start, Tick)
 from ..core.call_types import Phase
 from ..core.messages import MsgType
-from ..transport.channel import ZERO_COPY_THRESHOLD
+from ..transport.channel import has_big
 from ..errors import GridRPCError, ProtocolError, error_from_wire
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class AsyncCallDriver(CallDriver):
         if not self.batching:
             return super()._send_call(flight, a)
         frames = self._call_frames(flight, a)
-        if _big(flight.buffers):
+        if has_big(flight.buffers):
             self._flush_address(a.address)
             try:
                 self.send(a.address, frames)
@@ -372,10 +372,6 @@ class AsyncCallDriver(CallDriver):
         pings, self._pings = self._pings, {}
         for address, ids in pings.items():
             self._send_pings(address, ids)
-
-
-def _big(buffers: list) -> bool:
-    return any(len(b) >= ZERO_COPY_THRESHOLD for b in buffers) if buffers else False
 
 
 def _dict(v: Any) -> dict | None:

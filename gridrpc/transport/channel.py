@@ -24,6 +24,12 @@ from ..errors import CommunicationError
 
 log = logging.getLogger(__name__)
 ZERO_COPY_THRESHOLD = 64 * 1024
+
+
+def has_big(frames) -> bool:
+    """Whether any frame is large enough to go zero-copy (and, being large,
+    to go alone rather than inside a batch)."""
+    return any(len(f) >= ZERO_COPY_THRESHOLD for f in frames if not isinstance(f, zmq.Frame)) if frames else False
 #: messages handled per wake-up of one socket before the loop runs others
 #: (timers, heartbeats, other sockets): a flooded socket cannot starve them
 DRAIN_BATCH = 256
@@ -152,7 +158,7 @@ class Channel:
     def send(self, frames: Sequence) -> None:
         if self.closed:
             raise CommunicationError(f"channel {self.name} is closed")
-        big = any(len(f) >= ZERO_COPY_THRESHOLD for f in frames if not isinstance(f, zmq.Frame))
+        big = has_big(frames)
         try:
             self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=not big)
         except zmq.Again as exc:

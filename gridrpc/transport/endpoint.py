@@ -36,7 +36,7 @@ import zmq
 from ..core import messages as m
 from ..core.messages import MsgType
 from ..errors import GridRPCError, InvalidArgument, ProtocolError
-from .channel import ZERO_COPY_THRESHOLD, Channel, bind_router, context
+from .channel import Channel, bind_router, context, has_big
 
 #: largest frame an agent accepts (headers, subtree lists); SeDs pass their own
 DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
@@ -186,7 +186,7 @@ class Endpoint:
         batch from that peer is being handled, small answers to it are held
         and go back as one batch when it is done (then True means queued)."""
         held = self._held
-        if held is not None and route[0] is self._held_route[0] and not _big(buffers):
+        if held is not None and route[0] is self._held_route[0] and not has_big(buffers):
             held.append([m.dumps(header), *buffers])
             self.stats.sent += 1
             return True
@@ -231,7 +231,6 @@ class Endpoint:
 
     # -- receiving ------------------------------------------------------------
     def _on_frames(self, frames: list, in_batch: bool = False) -> None:
-        self.stats.received += 1
         try:
             route, mt, h, buffers = m.parse_routed(frames)
             if mt is MsgType.BATCH:
@@ -239,22 +238,23 @@ class Endpoint:
                     raise ProtocolError("a batch cannot hold a batch")
                 parts = m.unbatch(h, buffers)
         except ProtocolError as exc:
+            self.stats.received += 1
             self.stats.bad_messages += 1
             self.bad_log(logging.WARNING, "%s: rejected message: %s", self.name, exc)
             self.send(frames[:1], m.error_header(_safe_id(frames), "protocol", str(exc)))
             if self.on_rejected is not None:
                 self.on_rejected(exc)
             return
-        if mt is MsgType.BATCH:
+        if mt is MsgType.BATCH:             # an envelope is not a message: its parts are
             self._on_batch(route, parts)
             return
+        self.stats.received += 1
         self.dispatch(Incoming(route=route, type=mt, header=h, buffers=buffers, frames=frames,
                                received=time.monotonic(), secure=self._secure))
 
     def _on_batch(self, route: list, parts: list[list]) -> None:
         """Each message of a batch handled in order, as if it came alone; the
         answers to its sender go back together."""
-        self.stats.received -= 1            # the envelope is not a message: its parts are
         self.stats.batches += 1
         self._held, self._held_route = [], route
         try:
@@ -286,10 +286,6 @@ class Endpoint:
             log.exception("%s: error while handling %s %s", self.name, msg.type.value, msg.id)
             self.reply_error(msg, "internal", f"{self.what} failed to handle {msg.type.value}: "
                                               f"{type(exc).__name__}: {exc}")
-
-
-def _big(buffers) -> bool:
-    return any(len(b) >= ZERO_COPY_THRESHOLD for b in buffers) if buffers else False
 
 
 def _safe_id(frames: list) -> str:

@@ -72,7 +72,10 @@ def test_interrupt_stops_the_call_and_keeps_the_worker(tmp_path):
         pool.start()
         try:
             task = await _started(pool, "c1", "ticker", path, 30.0)
-            await asyncio.sleep(0.2)
+            for _ in range(400):                    # until the service itself has written
+                if _size(path) > 0:
+                    break
+                await asyncio.sleep(0.005)
             assert _size(path) > 0, "the service should be running"
             pid = pool.pids()[0]
             t = time.monotonic()

@@ -103,13 +103,15 @@ class MasterAgentRequests:
                 # the j-th joiner starts j places further down the ranking, as the MA's memory
                 # of its recent choices spreads separate discoveries: users who got one answer
                 # do not all put their first calls on the same servers
-                j = _JOINED[key] = _JOINED.get(key, 0) + 1
-                entries = await asyncio.shield(shared)
+                shared[1] += 1
+                j = shared[1]
+                entries = await asyncio.shield(shared[0])
                 if entries:
                     j %= len(entries)
                     entries = entries[j:] + entries[:j]
             else:
-                fut = _SHARED[key] = self.loop.create_future()
+                fut = self.loop.create_future()
+                _SHARED[key] = [fut, 0]
                 try:
                     entries = await self._discover(service, max_servers, aggregator, args, optional, max_age)
                 except BaseException as exc:
@@ -119,9 +121,8 @@ class MasterAgentRequests:
                 else:
                     fut.set_result(entries)
                 finally:
-                    if _SHARED.get(key) is fut:
+                    if _SHARED.get(key, (None,))[0] is fut:
                         del _SHARED[key]
-                        _JOINED.pop(key, None)
         servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
                               idempotent=s.get("idempotent") is not False)
                    for s in entries]
@@ -191,8 +192,7 @@ class MasterAgentRequests:
 
 
 #: discoveries in flight that clients with ``share_discovery`` may join
-_SHARED: dict[tuple, asyncio.Future] = {}
-_JOINED: dict[tuple, int] = {}          # how many joined each of them so far
+_SHARED: dict[tuple, list] = {}         # key -> [the asker's future, how many joined it so far]
 
 
 def _share_key(client, service, k, aggregator, args, optional, max_age) -> tuple:

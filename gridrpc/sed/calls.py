@@ -239,15 +239,15 @@ class CallsMixin:
                 self.endpoint.send(msg.route, self._gone(i))    # a client still waits: say so
         self.endpoint.reply(msg, m.make(MsgType.PONG, msg.id, name=self.name, calls=states))
 
-    # -- batches ----------------------------------------------------------
-    def _batch_begin(self) -> None:
+    # -- one read of the socket ---------------------------------------------
+    def _read_begin(self) -> None:
         """The messages of one wake-up of the socket (several clients'
         batches, transport.channel) are taken as one: no call starts (or is
         preempted) before the end, so 100 users cancelling their calls at a
         common deadline do not start, then kill, each next call in turn."""
         self.lifecycle.pause()
 
-    def _batch_end(self) -> None:
+    def _read_end(self) -> None:
         for sed, actions in self.lifecycle.resume(time.time()):
             r = self.replicas.get(sed)
             if r is not None:

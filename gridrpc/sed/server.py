@@ -134,7 +134,7 @@ class SeD(CallsMixin):
                                  # frames a bit over the limit still arrive and get a clear
                                  # 'too_large' answer; far bigger ones are cut at the socket
                                  max_message_size=max_message_size + FRAME_MARGIN, security=security)
-        self.endpoint.batch_hooks = (self._batch_begin, self._batch_end)
+        self.endpoint.around_read = (self._read_begin, self._read_end)
         self.address: str | None = None
         self.host = HostInfo()
         self._tasks: list[asyncio.Task] = []

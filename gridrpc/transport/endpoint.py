@@ -155,7 +155,7 @@ class Endpoint:
         self._held: list | None = None         # answers held while a batch is handled
         #: ``(begin, end)`` called around the messages of each wake-up of the socket (several
         #: clients' batches at once; a SeD pauses its queues); set before :meth:`start`
-        self.batch_hooks: tuple[Callable[[], None], Callable[[], None]] | None = None
+        self.around_read: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._held_route: list = []
 
     # -- lifecycle ----------------------------------------------------------
@@ -169,7 +169,7 @@ class Endpoint:
         options.update(self.socket_options)
         self._secure = self.security is not None and self.security.enabled
         sock, self.address = bind_router(self.bind_address, options=options)
-        self.channel = Channel(sock, self._on_frames, name=f"{self.name}.router", around_drain=self.batch_hooks)
+        self.channel = Channel(sock, self._on_frames, name=f"{self.name}.router", around_drain=self.around_read)
         return self
 
     def close(self) -> None:

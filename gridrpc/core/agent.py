@@ -51,7 +51,8 @@ from .agent_roles import (CHILD_MARGIN_MS, CHILD_SHARE, MAX_BUDGET_S, MIN_BUDGET
 from .discovery import DiscoveryTable, Done
 from .messages import MsgType
 from .tree import ChildRegistry
-from .view import DEADLINE_FACTOR, DEADLINE_FLOOR, DEFAULT_MAX_AGE, PUSH_INTERVAL, ChildLatency, SubtreeView
+from .view import (DEADLINE_FACTOR, DEADLINE_FLOOR, DEFAULT_MAX_AGE, PUSH_INTERVAL, VIEW_INDEX_MIN, ChildLatency,
+                   SubtreeView)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class AgentConfig:
     max_discoveries_per_peer: int = 512   # in flight from one connection; more are refused at once
     view: bool = True               # the root answers from pushed state when it is fresh (core/view.py)
     view_max_age: float = DEFAULT_MAX_AGE   # seconds a pushed snapshot counts as fresh
+    view_index_min: int = VIEW_INDEX_MIN    # root: from this many SeDs for a service, a view answer walks a
+                                            # kept ranking (core/view_rank.py) instead of ranking them all
     push_interval: float = PUSH_INTERVAL    # an LA pushes its children's snapshots up at most this often
     deadline_floor: float = DEADLINE_FLOOR  # a fan-out waits for a child min(budget, max(floor, factor*p95))
     deadline_factor: float = DEADLINE_FACTOR
@@ -109,6 +112,8 @@ class AgentState(Discovering, Federating, Catalogue):
         self._sweep_interval = config.hb_interval / 2
         self._lost_after = config.hb_interval * 2.5
         self.view = SubtreeView(config.push_interval)
+        self._rankings: dict = {}                   # (service, aggregator's view_id) -> ViewRanking (root)
+        self._groups: tuple = (-1, {})              # (registry version, {service: children by process})
         self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
         self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
         self._rebuild_until: float | None = None     # set at the first event: start + rebuild time

@@ -47,6 +47,10 @@ class _Counters:
     answers_ignored: int = 0
     children_lost: int = 0
     view_answers: int = 0
+    view_ranked: int = 0            # snapshots view answers ranked, the whole view each time
+    view_moved: int = 0             # with the kept ranking (core/view_rank.py): changed snapshots moved,
+    view_sorted: int = 0            # snapshots sorted anew,
+    view_walked: int = 0            # first places looked at
     forwarded: int = 0
     forwarded_busy: int = 0
 

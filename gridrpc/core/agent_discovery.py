@@ -16,6 +16,7 @@ AgentState` inherits them and owns the state they use (``registry``,
 from __future__ import annotations
 
 import logging
+import random
 
 from . import messages as m
 from .agent_events import FromParent, Send, SendParent
@@ -26,7 +27,7 @@ from .discovery import Done
 from .fields import MAX_K
 from .messages import MsgType
 from .tree import ChildRegistry
-from .view import candidates, power_of_two
+from .view import MAX_RANKINGS, ViewRanking, candidates, power_of_two
 
 __all__ = ["Discovering", "group_by_process"]
 
@@ -100,21 +101,55 @@ class Discovering:
         expected = self.offers()[0].get(service)
         if not expected:
             return None
-        skip = self.latency.silent(now - self.config.silent_probe) if self.latency.missed else frozenset()
-        servers = candidates(self.view, expected, service, now, max_age, skip,
-                             silent_after=max(max_age, self.config.view_max_age))
+        silent_after = max(max_age, self.config.view_max_age)
+        ranking = self._ranking(service, agg, len(expected)) if max_age >= silent_after else None
+        servers = None if ranking is None else ranking.answer(self.view.seds, expected, now, silent_after, k)
+        if servers is not None:                   # the first places of the kept ranking
+            c = self.counters
+            c.view_moved += ranking.moved
+            c.view_sorted += ranking.sorted
+            c.view_walked += ranking.walked
+            answered = len(ranking.matched)
+        else:                                     # rank every SeD of the view
+            skip = self.latency.silent(now - self.config.silent_probe) if self.latency.missed else frozenset()
+            servers = candidates(self.view, expected, service, now, max_age, skip, silent_after=silent_after)
+            if servers:
+                self.counters.view_ranked += len(servers)
+                answered = len(servers)
+                servers = agg.rank(self.discoveries.with_recent_since(servers, now), self.discoveries.rng)
         if not servers:
             return None
-        servers = self.discoveries.with_recent_since(servers, now)
-        ranked = power_of_two(agg.rank(servers, self.discoveries.rng), k, self.discoveries.rng)
+        ranked = power_of_two(servers, k, self.discoveries.rng)
         if ranked:
             self.discoveries.remember_choice(ranked[0]["name"], now)
         keys = self.public_keys()
         if keys:                                  # under CURVE clients pin the SeD's key from the answer
             ranked = [dict(s, public_key=keys[s["name"]]) if s["name"] in keys else s for s in ranked]
         self.counters.view_answers += 1
-        return m.make(MsgType.SERVERS, h["id"], name=self.name, servers=ranked, answered=len(servers),
+        return m.make(MsgType.SERVERS, h["id"], name=self.name, servers=ranked, answered=answered,
                       timed_out=[], view=True)
+
+    def _ranking(self, service: str, agg, n: int) -> ViewRanking | None:
+        """The kept ranking of ``service``'s SeDs for ``agg`` (created on first
+        use, told of every change by the view), or None: too few SeDs
+        (``view_index_min``) or an aggregator without a ``view_id`` and
+        ``view_key`` (see :class:`~gridrpc.core.aggregators.DefaultAggregator`)."""
+        vid = getattr(agg, "view_id", None)
+        if n < self.config.view_index_min or vid is None:
+            return None
+        key = (service, vid)
+        r = self._rankings.pop(key, None)
+        if r is None:
+            if len(self._rankings) >= MAX_RANKINGS:         # the least recently used goes
+                old = self._rankings.pop(next(iter(self._rankings)))
+                self.view.rankings.remove(old)
+                self.discoveries.watchers.remove(old)
+            r = ViewRanking(service, agg.view_key, random.Random(self.discoveries.rng.random()), self.discoveries)
+            r.dirty.update(self.view.seds)
+            self.view.rankings.append(r)                # told of every changed snapshot
+            self.discoveries.watchers.append(r)         # and of every choice
+        self._rankings[key] = r                         # most recently used last
+        return r
 
     # -- discovery -------------------------------------------------------------------
     def _on_discover(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
@@ -173,14 +208,27 @@ class Discovering:
         fwd.pop("names", None)      # ours to set, per process
         out: list = []
         registry_children = self.registry.children
-        for group in group_by_process(self.registry, children):
-            msg = dict(fwd, names=group) if len(group) > 1 else fwd
+        for group in self._process_groups(service, children):
+            msg = dict(fwd, names=list(group)) if len(group) > 1 else fwd
             out.append(Send(registry_children[group[0]].route, msg, tuple(group)))
         self._in_flight_from(reply_to)
         done = self.discoveries.start(fid, (reply_to, rid, service, k), children, k, agg, now + budget, now)
         if done is not None:
             out.extend(self._finish(done, now))
         return out
+
+    def _process_groups(self, service: str, children: list[str]) -> list[tuple[str, ...]]:
+        """:func:`group_by_process` of the children offering ``service``, kept
+        until the registry changes (a large tree's LA asks the same groups at
+        every fan-out)."""
+        version, groups = self._groups
+        if version != self.registry.version:
+            groups = {}
+            self._groups = (self.registry.version, groups)
+        cached = groups.get(service)
+        if cached is None:
+            cached = groups[service] = [tuple(g) for g in group_by_process(self.registry, children)]
+        return cached
 
     def _on_servers(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         name = h.get("name") or ""
@@ -191,9 +239,8 @@ class Discovering:
         p = self.discoveries.pending.get(h["id"])
         if p is not None:
             names = h.get("names")
-            for n in (names if names else (name,)):
-                if n in p.waiting:
-                    self.latency.observe(n, now - p.started)
+            waiting = p.waiting
+            self.latency.observe_all([n for n in (names if names else (name,)) if n in waiting], now - p.started)
         done = self.discoveries.answer(h["id"], name, h["servers"], now, h.get("names"))
         if done is None:
             if h["id"] not in self.discoveries.pending:

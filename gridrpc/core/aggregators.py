@@ -14,6 +14,8 @@ ever imported (an import path in a request is an unknown name).
 ``default``          least recently used first (``time_since_last_solve``,
                      largest first), then random. Servers without the tag rank
                      last but are never dropped (DIET dropped them silently).
+                     Its ``view_key`` lets the root keep a large view sorted
+                     (core/view_rank.py); the others rank the whole view.
 ``priority``         ``params={"order": [["eft", "min"], ["free_cpu", "max"]]}``:
                      lexicographic on the listed tags; a missing value loses;
                      ties random.
@@ -65,15 +67,34 @@ def _keyed(servers, rng, key):
 
 class DefaultAggregator:
     name: ClassVar[str] = "default"
+    #: a view answer may keep the SeDs sorted by :meth:`view_key` (core/view_rank.py)
+    view_id: ClassVar[str] = "default"
 
     def __init__(self, **params: Any) -> None:
         pass
 
     def rank(self, servers, rng):
-        def key(s):
-            v = _num(_est(s), "time_since_last_solve")
-            return (0, -v) if v is not None else (1, 0.0)
-        return _keyed(servers, rng, key)
+        # _keyed with the key inlined (an LA of a large tree ranks every SeD's answer):
+        # key (0, -time_since_last_solve), or (1, 0.0) without a number; one draw per server, in order
+        rnd = rng.random
+        decorated = []
+        for s in servers:
+            est = s.get("estimation")
+            v = est.get("time_since_last_solve") if isinstance(est, dict) else None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                decorated.append(((1, 0.0), rnd(), s))
+            else:
+                decorated.append(((0, -float(v)), rnd(), s))
+        decorated.sort(key=_KEY_RANDOM)
+        return [s for _, _, s in decorated]
+
+    @staticmethod
+    def view_key(est: dict, at: float) -> tuple:
+        """The order of :meth:`rank` for a vector taken at time ``at``, the
+        same for vectors aged to any common time (the time since the last
+        solve grows with age): the time of the last solve, earliest first."""
+        v = _num(est, "time_since_last_solve")
+        return (0, at - v) if v is not None else (1, 0.0)
 
 
 class PriorityAggregator:

@@ -51,6 +51,7 @@ class DiscoveryTable:
         self.remember = remember
         self.memory = memory
         self.recent: dict[str, collections.deque] = {}
+        self.watchers: list = []        # told of every choice (``changed(name)``): the view's kept rankings
         self._last_sweep = 0.0
         self._deadlines: list[tuple[float, str]] = []     # heap; entries of finished ones dropped lazily
 
@@ -75,7 +76,7 @@ class DiscoveryTable:
         for n in covered:
             p.waiting.discard(n)
         p.answered += len(covered)
-        p.servers.extend(s for s in servers if isinstance(s, dict) and "name" in s)
+        p.servers.extend([s for s in servers if isinstance(s, dict) and "name" in s])
         if not p.waiting:
             del self.pending[id_]
             return self._finish(p, now)
@@ -125,8 +126,8 @@ class DiscoveryTable:
     def _finish(self, p: Pending, now: float) -> Done:
         servers = self._with_recent(p.servers, now) if self.remember else p.servers
         ranked = p.aggregator.rank(servers, self.rng)[: p.k] if servers else []
-        if self.remember and ranked:
-            self.recent.setdefault(ranked[0]["name"], collections.deque()).append(now)
+        if ranked:
+            self.remember_choice(ranked[0]["name"], now)
         return Done(id=p.id, reply_to=p.reply_to, servers=ranked, answered=p.answered,
                     timed_out=sorted(p.waiting))
 
@@ -134,6 +135,17 @@ class DiscoveryTable:
         """A first choice made elsewhere (an answer from the view)."""
         if self.remember:
             self.recent.setdefault(name, collections.deque()).append(now)
+            for w in self.watchers:
+                w.changed(name)
+
+    def sweep(self, now: float) -> None:
+        """Now and then (every ``memory`` seconds), forget the servers not
+        chosen within the memory."""
+        if now - self._last_sweep > self.memory:
+            self._last_sweep = now
+            horizon = now - self.memory
+            for name in list(self.recent):
+                self._recent_times(name, horizon)
 
     def with_recent_since(self, servers: list[dict], now: float) -> list[dict]:
         """As :meth:`_with_recent`, for snapshots of the view: a server's
@@ -169,10 +181,7 @@ class DiscoveryTable:
 
     def _with_recent(self, servers: list[dict], now: float) -> list[dict]:
         horizon = now - self.memory
-        if now - self._last_sweep > self.memory:      # now and then, forget servers never ranked again
-            self._last_sweep = now
-            for name in list(self.recent):
-                self._recent_times(name, horizon)
+        self.sweep(now)                 # now and then, forget servers never ranked again
         out = []
         for s in servers:
             ts = self._recent_times(s["name"], horizon)

@@ -41,18 +41,22 @@ def queue_tags(*, service: str, predictor: RunTimePredictor, now: float, num_wai
     """The SeD-state part of the vector, with ``eft`` computed by simulating
     the queue: each slot frees when its running call is predicted to end."""
     tcomp = predictor.predict(service)
-    slots = sorted(max(now, start + predictor.predict(svc)) for start, svc in running)
-    slots += [now] * max(0, max_concurrent - len(slots))
-    slots.sort()
-    for s in waiting_services:      # waiting calls take the earliest free slot in turn
-        slots[0] += predictor.predict(s)
+    if not running and not waiting_services and max_concurrent > 0:
+        first = now                 # idle (every SeD of a large tree, mostly): a free slot now
+    else:
+        slots = sorted(max(now, start + predictor.predict(svc)) for start, svc in running)
+        slots += [now] * max(0, max_concurrent - len(slots))
         slots.sort()
-    eft = slots[0] + tcomp
+        for s in waiting_services:      # waiting calls take the earliest free slot in turn
+            slots[0] += predictor.predict(s)
+            slots.sort()
+        first = slots[0]
+    eft = first + tcomp
     return {
         "tcomp": tcomp, "eft": eft, "num_waiting": num_waiting, "num_running": num_running,
         "max_concurrent": max_concurrent,
         "time_since_last_solve": (now - last_solve) if last_solve is not None else 1e9,
-        "est_wait": slots[0] - now,
+        "est_wait": first - now,
     }
 
 
@@ -62,6 +66,10 @@ def scheduler_tags(*, scheduler, service: str, predictor: RunTimePredictor, now:
     :class:`~gridrpc.core.queue.SedScheduler`: what the SeD runtime and the
     simulator (:mod:`gridrpc.sim`) put in the estimation vector."""
     sch = scheduler
+    if not sch.requests:            # idle: nothing running or waiting (no lists to build)
+        return queue_tags(service=service, predictor=predictor, now=now, num_waiting=0, num_running=0,
+                          max_concurrent=sch.max_concurrent, last_solve=last_solve, running=[],
+                          waiting_services=[])
     return queue_tags(
         service=service, predictor=predictor, now=now,
         num_waiting=len(sch.requests) - len(sch.running), num_running=len(sch.running),

@@ -105,7 +105,7 @@ class ChildRegistry:
                                     load=header.get("load") or {}, identity=identity)
         if old is None or old.services != services or old.info != info or \
                 _shape(old.elements) != _shape(elements):
-            self._changed()
+            self._changed(name, None if old is None else old.elements, elements)
 
     def heartbeat(self, route: bytes, header: dict, now: float, identity: str | None = None) -> bool:
         """Returns False when the child is unknown (it must register again).
@@ -125,7 +125,7 @@ class ChildRegistry:
         if isinstance(header.get("elements"), list):
             elements = [e for e in header["elements"] if isinstance(e, dict)]   # as in register
             if _shape(child.elements) != _shape(elements):
-                self._changed()
+                self._changed(child.name, child.elements, elements)
             child.elements = elements
         return True
 
@@ -192,11 +192,39 @@ class ChildRegistry:
             out.extend(c.elements)
         return out
 
-    def _changed(self) -> None:
+    def _changed(self, name: str | None = None, old: list | None = None, new: list | None = None) -> None:
+        """The subtree changed; ``name``: the child that (re)registered, with
+        its ``old`` (None: a new child) and ``new`` elements."""
         self.version += 1
         self._by_service = None
         self._services = None
-        self._owners = None
+        if name is None or self._owners is None or not self._owners_follow(name, old, new or []):
+            self._owners = None
+
+    def _owners_follow(self, name: str, old: list | None, new: list) -> bool:
+        """Keep :meth:`owner_of`'s map through one child's registration
+        without rebuilding it (at a leaf agent every SeD's registration
+        rebuilt it: quadratic in the SeDs). Only when the answer is sure:
+        a new child (last in order) or new names no one held; False (rebuild
+        it) when a name held by another child or a name of this one goes."""
+        owners = self._owners
+        names = [e.get("name") for e in new if isinstance(e.get("name"), str)]
+        if old is None:
+            owners[name] = name
+            for en in names:
+                owners.setdefault(en, name)
+            return True
+        before = {e.get("name") for e in old if isinstance(e.get("name"), str)}
+        if any(owners.get(en) == name for en in before.difference(names) if en != name):
+            return False
+        for en in names:
+            if en not in before:
+                holder = owners.get(en)
+                if holder is None:
+                    owners[en] = name
+                elif holder != name:
+                    return False
+        return True
 
 
 def _shape(elements: list[dict]) -> Any:

@@ -30,9 +30,13 @@ siblings, so a silent child costs milliseconds, not the whole budget.
 """
 from __future__ import annotations
 
+import bisect
 import math
-import random
 from dataclasses import dataclass
+
+# the ranking of a view answer; near_equal & co. are imported from here too
+from .view_rank import (_VOLATILE, HERD_GROUP, ViewRanking, _num, age_vector, near_equal,  # noqa: F401
+                        near_equal_to, power_of_two)
 
 DEFAULT_MAX_AGE = 1.5           # s: a snapshot is fresh for 1.5 heartbeat periods (pushed on every change)
 PUSH_INTERVAL = 0.002           # s: a SeD / an LA pushes at most this often on a busy<->free change
@@ -42,13 +46,8 @@ FRESH_INTERVAL = 0.1            # s: an LA sends "still fresh" confirmations (he
 DEADLINE_FLOOR = 0.05           # s: never wait less for a child (a noisy machine's hiccup)
 DEADLINE_FACTOR = 4.0           # times the child's p95 answer latency
 LATENCY_SAMPLES = 32
-HERD_GROUP = 64                 # near-equal servers looked for among the first places only
-
-#: tags that change with time or by a little without the server changing:
-#: tolerances under which two vectors are "near-equal" (absolute; ``rel``: relative)
-_VOLATILE = {"time_since_last_solve": None, "eft": 0.002, "est_wait": 0.002, "free_cpu": 0.1,
-             "free_mem": ("rel", 0.1), "tcomp": ("rel", 0.1)}
-
+VIEW_INDEX_MIN = 256            # SeDs for a service from which the root keeps their ranking (view_rank.py)
+MAX_RANKINGS = 8                # kept rankings (service x aggregator) at most; the least recently used goes
 
 # -- the SeD side ---------------------------------------------------------------
 class PushRule:
@@ -151,6 +150,7 @@ class SubtreeView:
         self.fresh: set[str] = set()            # to push up: confirmed unchanged
         self.flush_at: float | None = None
         self.updates = 0                        # snapshots accepted
+        self.rankings: list = []                # incremental rankings told of every changed snapshot
         self.refused = 0                        # snapshots of SeDs not in the sender's subtree
 
     def update(self, via: str, entries: list, gone: list, now: float, owner_of: dict) -> None:
@@ -171,12 +171,12 @@ class SubtreeView:
             self.seds[name] = Snapshot(name, via, common if type(common) is dict else {},
                                        {s: v for s, v in services.items() if type(v) is dict}, at, seen)
             self.updates += 1
-            self._dirty(name, now)
+            self._changed(name, now)
         for name in gone:
             snap = self.seds.get(name)
             if snap is not None and snap.via == via:
                 del self.seds[name]
-                self._dirty(name, now)
+                self._changed(name, now)
 
     def refresh(self, via: str, names, now: float, age_ms: object = 0) -> None:
         """SeDs under ``via`` are alive and unchanged (a heartbeat; a child's ``fresh`` list)."""
@@ -198,14 +198,20 @@ class SubtreeView:
     def drop_via(self, via: str, now: float) -> None:
         for name in [n for n, s in self.seds.items() if s.via == via]:
             del self.seds[name]
-            self._dirty(name, now)
+            self._changed(name, now)
 
     def expire(self, now: float, timeout: float) -> None:
         """Forget snapshots older than ``timeout`` (a SeD that died under a
         child leaves the view within the heartbeat timeout)."""
         for name in [n for n, s in self.seds.items() if now - s.seen > timeout]:
             del self.seds[name]
-            self._dirty(name, now)
+            self._changed(name, now)
+
+    def _changed(self, name: str, now: float) -> None:
+        """A snapshot replaced or removed: pushed up, and re-ranked."""
+        for r in self.rankings:
+            r.changed(name)
+        self._dirty(name, now)
 
     def _dirty(self, name: str, now: float) -> None:
         self.dirty.add(name)
@@ -267,14 +273,7 @@ def candidates(view: SubtreeView, expected: dict, service: str, now: float, max_
             if via in skip:
                 continue
             return None
-        age = now - s.at
-        if age > 0:                             # est is a fresh dict (Snapshot.vector): aged in place
-            t = est.get("time_since_last_solve")
-            if type(t) in (int, float):
-                est["time_since_last_solve"] = t + age
-            w = est.get("est_wait")
-            if type(w) in (int, float):
-                est["est_wait"] = max(0.0, w - age)
+        age_vector(est, now - s.at)             # est is a fresh dict (Snapshot.vector): aged in place
         out.append({"name": name, "address": address, "estimation": est, "_at": s.at})
     return out or None
 
@@ -283,109 +282,49 @@ def _age(age_ms: object) -> float:
     return age_ms / 1000.0 if type(age_ms) in (int, float) and 0 <= age_ms < 1e9 else 0.0
 
 
-# -- herding ----------------------------------------------------------------------
-def _num(v: object) -> float | None:
-    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
-
-
-_NUMBER = (int, float)
-_isfinite = math.isfinite
-
-
-def near_equal(a: dict, b: dict) -> bool:
-    """Two estimation vectors the same but for time and small host noise:
-    the tags of ``_VOLATILE`` within their tolerance, every other tag equal,
-    the same load (waiting + running)."""
-    return near_equal_to(a)(b)
-
-
-def near_equal_to(a: dict):
-    """``near_equal(a, ·)`` with ``a``'s side worked out once: the test
-    :func:`power_of_two` applies to every server of a view answer (100,000
-    at the root of a big tree). ``tests/test_core_view.py`` checks it against
-    a tag-by-tag reference."""
-    load = (_num(a.get("num_waiting")) or 0) + (_num(a.get("num_running")) or 0)
-    fixed = {t: x for t, x in a.items() if t not in _VOLATILE}
-    vol = [(t, _num(a.get(t)), tol) for t, tol in _VOLATILE.items() if tol is not None]
-    nfixed = len(fixed)
-
-    def near(b: dict) -> bool:
-        if load != (_num(b.get("num_waiting")) or 0) + (_num(b.get("num_running")) or 0):
-            return False
-        seen = 0
-        for tag, y in b.items():
-            if tag in _VOLATILE:
-                continue
-            if tag in fixed:
-                seen += 1
-                if fixed[tag] != y:
-                    return False
-            elif None != y:             # noqa: E711 - absent from ``a``: near_equal compares None != y
-                return False
-        if seen != nfixed:              # tags of ``a`` absent from ``b`` compare with None
-            for tag, x in fixed.items():
-                if tag not in b and x != None:      # noqa: E711
-                    return False
-        for tag, fx, tol in vol:
-            y = b.get(tag)
-            fy = float(y) if type(y) in _NUMBER and _isfinite(y) else None     # _num, inlined
-            if fx is None or fy is None:
-                if (fx is None) != (fy is None):
-                    return False
-                continue
-            if isinstance(tol, tuple):
-                tol = tol[1] * max(abs(fx), abs(fy))
-            if abs(fx - fy) > tol:
-                return False
-        return True
-    return near
-
-
-def power_of_two(ranked: list[dict], k: int, rng: random.Random) -> list[dict]:
-    """The aggregator's ranking with its first place given by a
-    power-of-two choice among the servers near-equal to the best: two drawn
-    at random, the better ranked wins. Returns the best ``k``. The group is
-    looked for among the first ``HERD_GROUP`` places only: on thousands of
-    idle, equal servers, comparing all of them cost more than the rest of a
-    view answer (2,000 SeDs: 10 ms of 14), and spreading first choices over
-    64 servers (with the recent-choice memory on top) already stops a herd."""
-    if len(ranked) < 2 or k <= 0:
-        return ranked[:k]
-    near = near_equal_to(ranked[0].get("estimation") or {})
-    group, limit = 1, min(len(ranked), HERD_GROUP)
-    while group < limit and near(ranked[group].get("estimation") or {}):
-        group += 1
-    if group < 2:
-        return ranked[:k]
-    i, j = rng.randrange(group), rng.randrange(group)
-    pick = min(i, j)
-    return [ranked[pick], *ranked[:pick], *ranked[pick + 1:k + 1]][:k]
-
-
 # -- fan-out deadlines --------------------------------------------------------------
+#: index of the 95th percentile in n sorted samples
+_P95 = [0] + [min(n - 1, int(math.ceil(0.95 * n)) - 1) for n in range(1, LATENCY_SAMPLES + 2)]
+
+
 class ChildLatency:
     """Per-child answer latencies of fan-outs (the last ``LATENCY_SAMPLES``)."""
 
     def __init__(self, floor: float = DEADLINE_FLOOR, factor: float = DEADLINE_FACTOR) -> None:
         self.floor, self.factor = floor, factor
         self.samples: dict[str, list[float]] = {}
+        self._sorted: dict[str, list[float]] = {}   # the same samples, kept sorted
         self.p95: dict[str, float] = {}
         self.missed: dict[str, float] = {}          # child -> when it last missed its deadline
 
     def observe(self, child: str, seconds: float) -> None:
-        xs = self.samples.setdefault(child, [])
-        xs.append(seconds)
-        if len(xs) > LATENCY_SAMPLES:
-            del xs[0]
-        srt = sorted(xs)
-        self.p95[child] = srt[min(len(srt) - 1, int(math.ceil(0.95 * len(srt))) - 1)]
-        self.missed.pop(child, None)
+        self.observe_all((child,), seconds)
+
+    def observe_all(self, children, seconds: float) -> None:
+        """``children`` answered in ``seconds`` (the replicas of one SeD
+        process answer together). Called once per child and fan-out: the
+        samples are kept sorted, never sorted again."""
+        samples, ordered, p95, missed = self.samples, self._sorted, self.p95, self.missed
+        for child in children:
+            xs = samples.get(child)
+            if xs is None:
+                xs = samples[child] = []
+                ordered[child] = []
+            srt = ordered[child]
+            xs.append(seconds)
+            bisect.insort(srt, seconds)
+            if len(xs) > LATENCY_SAMPLES:
+                del srt[bisect.bisect_left(srt, xs.pop(0))]
+            p95[child] = srt[_P95[len(srt)]]
+            if missed:
+                missed.pop(child, None)
 
     def miss(self, child: str, now: float) -> None:
         self.missed[child] = now
 
     def forget(self, child: str) -> None:
         self.samples.pop(child, None)
+        self._sorted.pop(child, None)
         self.p95.pop(child, None)
         self.missed.pop(child, None)
 

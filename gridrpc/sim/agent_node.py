@@ -18,6 +18,19 @@ __all__ = ["AgentNode"]
 
 _T = {t.value: t for t in MsgType}
 
+#: MA CPU of a view answer per snapshot handled, by what was done with it (the agent's counters), measured
+#: with benchmarks/view_core.py (CPU time, gc on, this shared 2-core host, 100,000 SeDs unless said):
+#: the whole view ranked, per SeD: 5.2-6.4 us (10,000-100,000 SeDs; 2.1 us at 500); the kept ranking
+#: (core/view_rank.py): created (keyed, sorted and counted: 2 per SeD) 0.61-0.70 s, i.e. ~3.3 us per unit;
+#: a changed snapshot moved 8-14 us; a first place walked ~3.5 us (0.3-0.4 ms for ~105). Before: the
+#: calibrated per-item cost of the MA (1.7 us per SeD ranked), fitted on messages, not on ranking.
+VIEW_CPU = {"view_ranked": 5e-6, "view_sorted": 3.3e-6, "view_moved": 10e-6, "view_walked": 3.5e-6}
+
+
+def view_cpu(counters, before: list) -> float:
+    """The MA CPU of what a view answer did since ``before`` (the counters of :data:`VIEW_CPU`)."""
+    return sum(cost * (getattr(counters, k) - b) for (k, cost), b in zip(VIEW_CPU.items(), before))
+
 
 class AgentNode(Node):
     kind = "agent"
@@ -68,6 +81,15 @@ class AgentNode(Node):
                                                  **self.state.heartbeat_info(now, now)))
 
     def handle(self, src, dst, h, out: Out) -> None:
+        if not self.state.role.root:
+            self._handle(src, h, out)
+            return
+        c = self.state.counters
+        before = [getattr(c, k) for k in VIEW_CPU]
+        self._handle(src, h, out)
+        out.cost += view_cpu(c, before)                 # a view answer's ranking (or a try at one)
+
+    def _handle(self, src, h, out: Out) -> None:
         now = self.world.sim.now
         t = _T[h["type"]]
         if src == self.parent and self.parent is not None:
@@ -87,8 +109,6 @@ class AgentNode(Node):
             ta = type(a)
             if ta is Send:
                 out.send(self.route, a.to, a.header)
-                if a.header.get("view") is True:        # answered from the view: ranked every candidate
-                    out.items += a.header.get("answered") or 0
             elif ta is SendParent:
                 if self.parent is None:
                     continue

@@ -50,7 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g = s.add_parser("scale", help="compare shapes at scale (agents and SeD processes on hosts of their own)")
     g.add_argument("--seds", type=int, default=100000)
     g.add_argument("--clients", type=int, default=10000)
-    g.add_argument("--shapes", default="flat,L2-56,L3-15,L4-7")
+    g.add_argument("--shapes", default="L3-15,1+316,1+46+2128,1+18+309+5556,L4-7",
+                   help="comma-separated: flat, L2-D, L3-D, L4-D, or agents per level like 1+46+2128 "
+                        "(default: L3-15, L4-7 and the shapes 'deploy plan' proposes for 100,000 SeDs)")
     g.add_argument("--seconds", type=float, default=2.0, help="simulated seconds measured per shape")
     g.add_argument("--calls-per-client", type=float, default=0.02, help="calls per client in that window")
     g.add_argument("--replicas", type=int, default=32, help="SeDs per SeD process (per host)")

@@ -106,11 +106,9 @@ class SedNode(Node):
             out.send(r.route, self.parent, m.make(MsgType.HEARTBEAT, self._id(), name=r.name, load=load))
 
     def estimate(self, r: Replica, service: str, now: float) -> dict:
-        vec = dict(self.host_tags)
-        vec["server_type"] = "serial"
-        vec.update(scheduler_tags(scheduler=r.scheduler, service=service, predictor=r.predictor, now=now,
-                                  last_solve=r.last_solve))
-        return vec
+        return {**self.host_tags, "server_type": "serial",
+                **scheduler_tags(scheduler=r.scheduler, service=service, predictor=r.predictor, now=now,
+                                 last_solve=r.last_solve)}
 
     # -- pushed state (SeD._view_changed / SeD._push_view) ---------------------------
     def _view_changed(self, r: Replica, now: float) -> None:

@@ -247,9 +247,11 @@ class FakeBackend:
         self.est: float | None = 0.0
         self.refuse: str | None = None
         self.submit_gate: threading.Event | None = None
+        self.submit_entered = threading.Event()     # set when sbatch (submit) is running
         self.fail_cancel = 0
 
     def submit(self, spec):
+        self.submit_entered.set()
         if self.submit_gate is not None:
             self.submit_gate.wait(10)
         if self.refuse:
@@ -479,8 +481,10 @@ def test_cancel_while_submitting_and_failed_cancels(tmp_path):
     fake.submit_gate = threading.Event()
     with fake_sed(tmp_path, fake) as sed, _client() as c:
         call = c.submit("sleep", 100, server=_addr(sed))
-        _wait(lambda: any(j["state"] == "submitting" for j in sed.test_loop.call(sed.jobs).values()),
-              what="sbatch running")
+        # the job's state says "submitting" one save before sbatch runs: a cancel in between
+        # submits nothing (another path); wait for sbatch itself
+        assert fake.submit_entered.wait(10), "sbatch never ran"
+        assert any(j["state"] == "submitting" for j in sed.test_loop.call(sed.jobs).values())
         call.cancel()
         with pytest.raises(gridrpc.CallCancelled):
             call.result(timeout=5)
@@ -496,6 +500,8 @@ def test_cancel_while_submitting_and_failed_cancels(tmp_path):
         with pytest.raises(gridrpc.CallCancelled):
             call.result(timeout=5)
         _wait(lambda: jid in fake.cancelled, what="the retried cancel")
+        # the count moves on the SeD's loop after scancel returned in its thread
+        _wait(lambda: sed.batch_stats["cancelled"] >= 2, what="the cancel counted")
         assert fake.jobs[jid]["state"] is JobState.CANCELLED and sed.batch_stats["cancelled"] == 2
 
 

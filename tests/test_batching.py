@@ -236,7 +236,10 @@ def test_cancels_arriving_together_do_not_start_and_kill_the_next_calls(tree):
             info = await clients[0].resolve(server)
             calls = [c.submit_nowait("sleep", 30, server=info) for c in clients for _ in range(2)]
             for _ in range(500):
-                if len(sed.calls) == 10 and sum(1 for x in sed.calls.values() if x.state.value == "running") == 2:
+                # every call in and acknowledged (the held ACCEPTEDs sent): a send by the SeD
+                # schedules a read of its socket, which could split the users' cancels
+                if (len(sed.calls) == 10 and sum(1 for x in sed.calls.values() if x.state.value == "running") == 2
+                        and not any(x.ack_held for x in sed.calls.values())):
                     break
                 await asyncio.sleep(0.01)
             sed._apply = counting
@@ -251,3 +254,79 @@ def test_cancels_arriving_together_do_not_start_and_kill_the_next_calls(tree):
 
     assert tree.lt.run(go(), timeout=60) == 0
     assert started == []            # without the pause: each user's batch started the next user's calls
+
+
+# -- held ACCEPTEDs: a CALL carries the client's ack_timeout (ack_ms); a SeD that
+#    answers within a share of it sends no ACCEPTED, and the late ones go out together
+
+def _calls(n: int, seconds: float, ack_ms: int | None, tag: str) -> list:
+    out = []
+    for i in range(n):
+        h = m.make(MsgType.CALL, f"{tag}{i}", service="sleep", args=[seconds], kwargs={}, user="dave")
+        if ack_ms is not None:
+            h["ack_ms"] = ack_ms
+        out.append([m.dumps(h)])
+    return m.batch(out)
+
+
+def _types(replies: list[list]) -> list[tuple[str, dict]]:
+    """Every message of the replies (batches opened), in order, with the index of its zmq message."""
+    out = []
+    for k, r in enumerate(replies):
+        mt, h = m.parse_header(r[0])
+        parts = m.unbatch(h, r[1:]) if mt is MsgType.BATCH else [r]
+        for p in parts:
+            pt, ph = m.parse_header(p[0])
+            out.append((pt.value, ph, k))
+    return out
+
+
+def test_quick_queue_sends_no_accepted_when_the_client_says_how_long_it_waits(tree):
+    # 4 calls of 50 ms on 2 slots: all answered in ~0.1 s, under 5 % of the client's 5 s
+    got = _types(_raw_exchange(_sed_address(tree), _calls(4, 0.05, 5000, "q"), expect=4))
+    assert sorted(t for t, _, _ in got) == ["result"] * 4
+
+
+def test_without_ack_ms_every_call_is_acknowledged(tree):
+    # an older client (no ack_ms): the queued calls are acknowledged at once, as before
+    got = _types(_raw_exchange(_sed_address(tree), _calls(4, 0.05, None, "o"), expect=8))
+    kinds = [t for t, _, _ in got]
+    assert kinds.count("result") == 4 and kinds.count("accepted") >= 2
+    assert [h["state"] for t, h, _ in got if t == "accepted"].count("queued") == 2
+
+
+def test_late_accepteds_come_together_after_the_held_delay(tree):
+    import time
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(_sed_address(tree))
+    try:
+        t0 = time.monotonic()
+        s.send_multipart(_calls(6, 0.6, 5000, "l"))
+        replies, first = [], None
+        while sum(1 for t, _, _ in _types(replies) if t == "accepted") < 6 and s.poll(3000):
+            replies.append(s.recv_multipart())
+            first = first or time.monotonic() - t0
+    finally:
+        s.close()
+    # nothing before the held delay (0.25 s = min(5 % of 5 s, 0.25 s)); then the six together
+    # (one batch; two when the calls straddled the edge of a 5 ms slot)
+    assert first is not None and 0.2 <= first < 0.55, first
+    got = _types(replies)
+    assert [t for t, _, _ in got] == ["accepted"] * 6
+    assert len(replies) <= 2
+    states = sorted(h["state"] for _, h, _ in got)
+    assert states == ["queued"] * 4 + ["running"] * 2
+    # the six calls still run and are answered (the SeD finishes them: wait for its queue to empty)
+    deadline = time.monotonic() + 10
+    while tree.lt.call(lambda: len(_sed(tree).calls)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("bad", ["5000", -1, 1e12, True, [1]])
+def test_a_bad_ack_ms_is_refused_at_the_boundary(tree, bad):
+    h = m.make(MsgType.CALL, "badack", service="add", args=[1, 2], kwargs={}, user="dave")
+    h["ack_ms"] = bad
+    (reply,) = _raw_exchange(_sed_address(tree), [m.dumps(h)])
+    mt, rh = m.parse_header(reply[0])
+    assert mt is MsgType.ERROR and rh["error"]["kind"] == "protocol" and "ack_ms" in rh["error"]["message"]

@@ -223,3 +223,15 @@ def test_property_never_twice_with_enough_memory():
 def test_submit_rejects_bad_cache_settings():
     with pytest.raises(ValueError):
         ResultCache(max_bytes=-1)
+
+
+def test_ack_delay_rule():
+    from gridrpc.core.sed_calls import ACK_DELAY_MAX, ack_delay
+    assert ack_delay(0.0, True, True, 5000) == 0.0            # back-ends that answer late: at once
+    assert ack_delay(0.02, True, False, 5000) == 0.0          # a non-idempotent service: at once
+    assert ack_delay(0.02, False, True, None) == 0.0          # queued, client silent on its patience
+    assert ack_delay(0.02, True, True, None) == 0.02          # starts at once: the back-end's own delay
+    assert ack_delay(0.02, False, True, 5000) == ACK_DELAY_MAX == 0.25
+    assert ack_delay(0.02, False, True, 300) == pytest.approx(0.015)     # 5 % of a 0.3 s patience
+    assert ack_delay(0.02, True, True, 300) == 0.02           # never less than the back-end's delay
+    assert ack_delay(0.02, False, True, 0) == 0.0

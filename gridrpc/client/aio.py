@@ -193,7 +193,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         if self.closed:
             raise CommunicationError("client is closed")
         header = m.make(MsgType.CALL, "", service=call.service, args=tree_args, kwargs=tree_kwargs,
-                        user=self.user, optional=call.optional)
+                        user=self.user, optional=call.optional, ack_ms=self._policy.ack_ms)
         call._discovery = (aggregator, self.max_candidates if self.failover else 1, light or ())
         if keep is not None:
             header["keep"] = keep

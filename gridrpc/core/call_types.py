@@ -46,6 +46,12 @@ class CallPolicy:
     backoff_jitter: float = 0.5      # each backoff shortened by up to this fraction, at random:
     #                                  clients that failed together do not retry together
 
+    @property
+    def ack_ms(self) -> int:
+        """``ack_timeout`` in ms, sent with each CALL: a SeD may hold the
+        ACCEPTED of a queued call for a small share of it (``sed.calls.ack_delay``)."""
+        return int(self.ack_timeout * 1000)
+
 
 class Target(Protocol):
     """A candidate server (``gridrpc.ServerInfo`` is one)."""

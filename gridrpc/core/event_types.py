@@ -178,7 +178,13 @@ def _sanitise(v: Any, rx: re.Pattern, bad: re.Pattern, limit: int, lead: str = "
     if v is None:
         return None
     v = v if type(v) is str else str(v)
+    known = _VALID[rx]
+    if v in known:                      # the same few names in every event: one regex each
+        return v
     if rx.fullmatch(v):
+        if len(known) >= _VALID_MAX:
+            known.clear()
+        known.add(v)
         return v
     v = bad.sub("_", v)[:limit]
     return v if v and rx.fullmatch(v) else lead + v[:limit - 1]

@@ -35,7 +35,31 @@ from typing import Mapping
 from .queue import Kill, Request, SedScheduler, Start
 from .result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_IDS, ResultCache
 
-__all__ = ["CallState", "CallRecord", "SedCalls", "Run", "Stop", "Drop", "Reacknowledge", "Resend",
+
+#: the share of the client's ``ack_timeout`` (sent as ``ack_ms`` in the CALL) a SeD may
+#: wait before acknowledging a queued call, and the most it waits
+ACK_SHARE = 0.05
+ACK_DELAY_MAX = 0.25
+#: held ACCEPTEDs are sent in slots of this many seconds (one timer per slot, one batch per client)
+ACK_SLOT = 0.005
+
+
+def ack_delay(base: float, starts: bool, idempotent: bool, ack_ms) -> float:
+    """How long a SeD may hold the ACCEPTED of a call (0: send it now). Only
+    back-ends that answer quickly hold it (``base`` > 0, the process back-end's
+    20 ms) and only for idempotent services. A call that starts at once gets
+    ``base``; a client that said how long it waits (``ack_ms``, validated at the
+    boundary) lets a queued call wait ``ACK_SHARE`` of that, at most
+    ``ACK_DELAY_MAX``: a queue that drains within it sends no ACCEPTED at all."""
+    if base <= 0 or not idempotent:
+        return 0.0
+    delay = base if starts else 0.0
+    if ack_ms is not None:
+        delay = max(delay, min(float(ack_ms) / 1000.0 * ACK_SHARE, ACK_DELAY_MAX))
+    return delay
+
+
+__all__ = ["ack_delay", "CallState", "CallRecord", "SedCalls", "Run", "Stop", "Drop", "Reacknowledge", "Resend",
            "Fetch", "Expired", "DEFAULT_RESULT_CACHE_BYTES"]
 
 DEFAULT_RESULT_CACHE_BYTES = DEFAULT_MAX_BYTES

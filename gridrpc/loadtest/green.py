@@ -372,7 +372,7 @@ class GreenClient(OptionViews):
         if self.closed:
             raise CommunicationError("client is closed")
         header = m.make(MsgType.CALL, "", service=service, args=tree_args, kwargs=tree_kwargs,
-                        user=self.user, optional=False)
+                        user=self.user, optional=False, ack_ms=self._policy.ack_ms)
         machine = CallMachine(service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
         outcome = self._driver.wait(self._driver.launch(machine, header, buffers))
         if type(outcome) is Done:

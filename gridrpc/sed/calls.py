@@ -9,6 +9,7 @@ from its arrival to its answer; a repeated request id is answered from there
 from __future__ import annotations
 
 import asyncio
+import math
 import logging
 import time
 import traceback
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core import codec
+from ..core.sed_calls import ACK_SLOT, ack_delay
 from ..core import messages as m
 from ..core.events import EventKind, make_event
 from ..core.messages import MsgType
@@ -31,6 +33,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("gridrpc.sed.server")
 
+#: after a read of the socket whose cancels freed running slots, the next calls start this
+#: much later (cancels of users sent together reach the SeD in several reads)
+CANCEL_GRACE = 0.002
+
+
 
 @dataclass(eq=False, kw_only=True)
 class _Call(CallRecord):
@@ -42,7 +49,7 @@ class _Call(CallRecord):
     kwargs: dict | None = None
     workdir: str | None = None
     task: asyncio.Task | None = None
-    ack_timer: asyncio.TimerHandle | None = None
+    ack_held: bool = False          # its ACCEPTED waits in a slot of SeD._acks
     options: dict = field(default_factory=dict)    # per-call options of the back-end (batch: _batch)
     last_contact: float = field(default_factory=time.time)   # last word from the client (CALL, PING): orphan detection
     orphaned: bool = False          # the client went away; left to finish (on_orphan policy)
@@ -134,10 +141,11 @@ class CallsMixin:
             return
         starts = call.state is CallState.RUNNING or (
             self.lifecycle.paused and len(r.scheduler.requests) <= r.scheduler.max_concurrent)  # at the resume
-        if ex.ack_delay > 0 and starts and svc.idempotent:
-            # a call that starts at once and ends quickly needs no separate ACCEPTED:
-            # the RESULT acknowledges it (one message less per call)
-            call.ack_timer = asyncio.get_running_loop().call_later(ex.ack_delay, self._send_ack, call)
+        delay = ack_delay(ex.ack_delay, starts, svc.idempotent, h.get("ack_ms"))
+        if delay > 0:
+            # a call answered before ``delay`` needs no separate ACCEPTED: the RESULT
+            # acknowledges it (one message less per call, each way)
+            self._hold_ack(call, delay)
         else:
             self.endpoint.send(route, self._accepted(call))
 
@@ -158,10 +166,26 @@ class CallsMixin:
         h.update(self.execution.ack_fields(call))
         return h
 
-    def _send_ack(self, call: _Call) -> None:
-        call.ack_timer = None
-        if self.calls.get(call.id) is call:
-            self.endpoint.send(call.route, self._accepted(call))
+    def _hold_ack(self, call: _Call, delay: float) -> None:
+        """ACCEPTED in ``delay`` s unless the call is answered first; the held
+        ACCEPTEDs of one slot (``ACK_SLOT``) go out together, one batch per client."""
+        loop = asyncio.get_running_loop()
+        slot = math.ceil((loop.time() + delay) / ACK_SLOT)
+        held = self._acks.get(slot)
+        if held is None:
+            held = self._acks[slot] = []
+            loop.call_at(slot * ACK_SLOT, self._send_acks, slot)
+        held.append(call)
+        call.ack_held = True
+
+    def _send_acks(self, slot: int) -> None:
+        by_route: dict[bytes, list] = {}
+        for call in self._acks.pop(slot, ()):
+            if call.ack_held and self.calls.get(call.id) is call and call.route:
+                call.ack_held = False
+                by_route.setdefault(call.route[0], []).append(call)
+        for calls in by_route.values():
+            self.endpoint.send_many(calls[0].route, [self._accepted(c) for c in calls])
 
     def _answer_duplicate(self, route: list, dup) -> None:
         if isinstance(dup, Reacknowledge):          # queued or running: acknowledge again
@@ -209,6 +233,8 @@ class CallsMixin:
         if call is not None:
             self.stats["cancelled"] += 1
         prev, actions = self.lifecycle.cancel(cid, time.time())
+        if prev == "running" and self.lifecycle.paused:
+            self._freed_by_cancel = True
         # the timing of the work done (started, ended now), as the call's own answer has it:
         # whichever of the two reaches the client first, the killed work is accounted
         extra = self.timing(call) if call is not None else {}
@@ -248,6 +274,19 @@ class CallsMixin:
         self.lifecycle.pause()
 
     def _read_end(self) -> None:
+        if self._freed_by_cancel:
+            # cancels freed running slots: other users' cancels sent at the same moment
+            # may be a few hundred µs behind (another socket, another wake-up); wait
+            # CANCEL_GRACE before starting the next calls, reads meanwhile stay paused
+            self._freed_by_cancel = False
+            if self._resume_timer is None:
+                self._resume_timer = asyncio.get_running_loop().call_later(CANCEL_GRACE, self._resume_now)
+            return
+        if self._resume_timer is None:
+            self._resume_now()
+
+    def _resume_now(self) -> None:
+        self._resume_timer = None
         for sed, actions in self.lifecycle.resume(time.time()):
             r = self.replicas.get(sed)
             if r is not None:
@@ -363,9 +402,7 @@ class CallsMixin:
         may start the next calls. Also for back-ends (e.g. at shutdown)."""
         if self.calls.get(call.id) is not call:
             return
-        if call.ack_timer is not None:
-            call.ack_timer.cancel()
-            call.ack_timer = None
+        call.ack_held = False
         header, buffers, ok = self.data.answering(call, header, buffers, ok)   # kept results, data waiters
         task = call.task
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():

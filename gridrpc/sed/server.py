@@ -145,6 +145,9 @@ class SeD(CallsMixin):
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.access = access or OPEN    # who may call what, calls in flight per user (sed/access.py)
         self._in_flight: dict[str, int] = {}
+        self._acks: dict[int, list] = {}     # held ACCEPTEDs by slot of ACK_SLOT s (calls.py)
+        self._freed_by_cancel = False       # this read's cancels stopped running calls (calls.py)
+        self._resume_timer: asyncio.TimerHandle | None = None   # queues resume after CANCEL_GRACE
         self.uplink: EventsUplink | None = None
         self.closed = asyncio.Event()
         self._closing = False
@@ -296,8 +299,7 @@ class SeD(CallsMixin):
         for c in list(self.calls.values()):
             if c.task:
                 c.task.cancel()
-            if c.ack_timer:
-                c.ack_timer.cancel()
+            c.ack_held = False
         if self.uplink is not None:
             self.uplink.flush()             # the last events (a call cancelled at shutdown...)
             await self.uplink.aclose()

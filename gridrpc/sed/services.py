@@ -37,6 +37,7 @@ class Service:
         return self.estimate is None or self.estimate_uses_args is False
     idempotent: bool = True         # False: a call whose server died after it started is not re-run
     on_orphan: str = "auto"         # a running call whose client is gone: kill | finish | auto
+    _fast: tuple | bool | None = field(default=None, repr=False, compare=False)   # see _fast_plan
 
     def describe(self) -> dict:
         d = {"name": self.name, "doc": self.doc, "params": self.params}
@@ -60,6 +61,17 @@ class Service:
         naming every problem, before queueing."""
         if self.signature is None:
             return
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = _fast_plan(self.signature)
+        if fast and not kwargs and fast[0] <= len(args) <= len(fast[1]):
+            # plain positional parameters given positionally (the common case): the
+            # checks computed once per service; any problem -> the full path's message
+            for value, (default_none, checker) in zip(args, fast[1]):
+                if checker is not None and not (value is None and default_none) and not checker[1](value):
+                    break
+            else:
+                return
         bound, problems = _bind(self.signature, args, kwargs)
         count_problems = bool(problems)
         params = self.signature.parameters
@@ -77,6 +89,19 @@ class Service:
 
 
 _P = inspect.Parameter
+
+
+def _fast_plan(sig: inspect.Signature) -> tuple | bool:
+    """For a signature of plain positional-or-keyword parameters:
+    ``(required count, [(default is None, checker) per parameter])``; else
+    False (``check`` then always takes the full path)."""
+    params = list(sig.parameters.values())
+    if any(p.kind is not _P.POSITIONAL_OR_KEYWORD for p in params):
+        return False
+    required = sum(1 for p in params if p.default is _P.empty)
+    if any(p.default is _P.empty for p in params[required:]):
+        return False
+    return required, [(p.default is None, _checker(p.annotation)) for p in params]
 
 
 def _bind(sig: inspect.Signature, args: list, kwargs: dict) -> tuple[dict, list[str]]:

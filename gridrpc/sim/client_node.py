@@ -96,6 +96,7 @@ class User:
                 out.send(c.route, a.server.encode(), m.make(MsgType.CALL, a.id, sed=a.server, service=self.service,
                                                             args=[], kwargs={}, user=self.user,
                                                             optional=self.optional,
+                                                            ack_ms=self.machine.policy.ack_ms,
                                                             **({"start_now": True} if a.start_now else {})))
                 self.machine.handle(cm.CallSent(), c.world.sim.now)
             elif ta is cm.SendPing:

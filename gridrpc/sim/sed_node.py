@@ -20,7 +20,7 @@ from ..core.estimation import RunTimePredictor, scheduler_tags
 from ..core.messages import MsgType
 from ..core.queue import SedScheduler, make_policy
 from ..core.view import PushRule, load_key, sed_entry
-from ..core.sed_calls import CallRecord, CallState, Drop, Reacknowledge, Resend, Run, SedCalls, Stop
+from ..core.sed_calls import CallRecord, CallState, Drop, Reacknowledge, Resend, Run, SedCalls, Stop, ack_delay
 from .engine import Host, Proc
 from .node import Node, Out
 
@@ -198,13 +198,14 @@ class SedNode(Node):
         call.gen = 0                # type: ignore[attr-defined]
         actions = self.calls.submit(call, now)
         self._apply(sed, actions, now, out)
-        if call.state is CallState.QUEUED:
+        delay = ack_delay(self.ack_delay, call.state is CallState.RUNNING, True, h.get("ack_ms"))
+        if delay <= 0:
             out.send(self.by_name[sed].route, src, m.make(MsgType.ACCEPTED, call.id, server=sed))
-        else:
-            self.world.sim.after(self.ack_delay, self._maybe_ack, call)
+        else:                                   # the runtime's rule (core.sed_calls.ack_delay)
+            self.world.sim.after(delay, self._maybe_ack, call)
 
     def _maybe_ack(self, call) -> None:
-        if call.state is CallState.RUNNING and self.calls.live.get(call.id) is call:
+        if self.calls.live.get(call.id) is call:
             self.world.transmit(self, self.by_name[call.sed].route, call.route,
                                 m.make(MsgType.ACCEPTED, call.id, server=call.sed))
 

@@ -200,6 +200,23 @@ class Endpoint:
         self.stats.sent += 1
         return True
 
+    def send_many(self, route: list, headers: list[dict]) -> bool:
+        """Several small messages (headers only) to one peer, as one batch
+        (up to ``MAX_BATCH`` per zmq message)."""
+        if self._held:
+            self._flush_held()
+        ok = True
+        for i in range(0, len(headers), m.MAX_BATCH):
+            part = [[m.dumps(h)] for h in headers[i:i + m.MAX_BATCH]]
+            try:
+                self.channel.send([*route, *(part[0] if len(part) == 1 else m.batch(part))])
+            except GridRPCError as exc:
+                log.debug("%s: could not send %d messages: %s", self.name, len(part), exc)
+                ok = False
+                continue
+            self.stats.sent += len(part)
+        return ok
+
     def send_frames(self, route: list, frames: list) -> bool:
         """Send already-encoded frames (a cached answer) to a peer."""
         if self._held:

@@ -76,3 +76,28 @@ def test_virtual_keeps_a_heavy_users_debt_across_a_short_gap():
     pol.effective_allocation(reqs[1:], {"u0": 30.0, "u1": 10.0}, 30.5)     # u0's next request not yet in
     eff = pol.effective_allocation(reqs, {"u0": 30.0, "u1": 10.0}, 30.6)
     assert eff["u0"] - eff["u1"] == pytest.approx(20.0)                     # still served more
+
+
+def _light_user_returns(pol):
+    reqs = [_opt("x", "u0"), _opt("y", "u1")]
+    pol.effective_allocation(reqs, {"u0": 0.0, "u1": 0.0}, 0.0)
+    pol.effective_allocation(reqs, {"u0": 30.0, "u1": 10.0}, 30.0)          # u1 served less so far
+    pol.effective_allocation(reqs[:1], {"u0": 30.0, "u1": 10.0}, 30.5)     # u1's next request not yet in
+    return pol.effective_allocation(reqs, {"u0": 30.0, "u1": 10.0}, 30.6)
+
+
+def test_virtual_keeps_a_light_users_deficit_across_a_short_gap():
+    # each user is absent for a round trip after each of its requests (the client sends
+    # the next one when the previous ends): the least served must stay first in line
+    eff = _light_user_returns(EthicPolicy(accounting="virtual"))
+    assert eff["u0"] - eff["u1"] == pytest.approx(20.0)
+    # the earlier rule (rejoin_grace=0): levelled at every return, its deficit lost
+    eff0 = _light_user_returns(EthicPolicy(accounting="virtual", rejoin_grace=0.0))
+    assert eff0["u1"] == pytest.approx(eff0["u0"])
+
+
+def test_rejoin_grace_is_checked():
+    for bad in (-1.0, float("nan"), 7200.0):
+        with pytest.raises(ValueError):
+            EthicPolicy(accounting="virtual", rejoin_grace=bad)
+    assert make_policy("ethic", accounting="virtual", rejoin_grace=0.5).rejoin_grace == 0.5

@@ -66,7 +66,13 @@ Trade-offs
   owed the past. That is the equal share of the present users that the
   fairness metric's ``deserved`` counts. It keeps per-user state in the
   policy object (one policy per SeD replica), bounded by forgetting users
-  absent for ``forget_after`` seconds.
+  absent for ``forget_after`` seconds. A user absent for at most
+  ``rejoin_grace`` seconds (1 s by default; 0 gives the earlier rule, where
+  any evaluation without the user made it arrive anew) is not levelled: a
+  client sends its next optional request to a SeD when the previous one
+  ends, so each user is absent for a round trip after each request, and the
+  least served user — the one rule 4 should serve next — lost its deficit at
+  every such return.
 * **Data structure.** A SeD queue holds tens of requests and, more to the
   point, rule 4's keys change with ``now`` (running requests accumulate
   allocation) and rule 5's are redrawn on every evaluation, so a persistent
@@ -98,7 +104,7 @@ class EthicPolicy:
     ACCOUNTING: ClassVar[tuple[str, ...]] = ("cumulative", "virtual")
 
     def __init__(self, kill_grace: float = 0.0, accounting: str = "cumulative",
-                 forget_after: float = 3600.0) -> None:
+                 forget_after: float = 3600.0, rejoin_grace: float = 1.0) -> None:
         kill_grace = float(kill_grace)
         if not kill_grace >= 0.0:          # also rejects NaN
             raise ValueError(f"kill_grace must be >= 0, got {kill_grace!r}")
@@ -107,6 +113,10 @@ class EthicPolicy:
         forget_after = float(forget_after)
         if not forget_after > 0.0:
             raise ValueError(f"forget_after must be > 0, got {forget_after!r}")
+        rejoin_grace = float(rejoin_grace)
+        if not 0.0 <= rejoin_grace <= forget_after:       # also rejects NaN
+            raise ValueError(f"rejoin_grace must be in [0, forget_after], got {rejoin_grace!r}")
+        self.rejoin_grace = rejoin_grace
         self.kill_grace = kill_grace
         self.accounting = accounting
         self.forget_after = forget_after
@@ -128,7 +138,12 @@ class EthicPolicy:
         arriving = []
         for u in present:
             seen = self._last_seen.get(u)
-            if u not in self._offset or seen is None or seen < self._prev_eval:
+            # absent from the queue for longer than rejoin_grace: arriving anew. A shorter
+            # absence (its request ended and its next one, sent to the same SeD, is a round
+            # trip behind) keeps its place: else the least served user, absent for a moment
+            # after each of its requests, would be levelled up to the others at every return
+            if u not in self._offset or seen is None or (seen < self._prev_eval
+                                                         and now - seen > self.rejoin_grace):
                 arriving.append(u)
             else:
                 eff[u] = allocated.get(u, 0.0) - self._offset[u]

@@ -91,7 +91,7 @@ def measure(isolation: str = "process", n: int = 10000, window: int = 256, repea
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
-    out.update(isolation=isolation, n=n, window=window, load=os.getloadavg()[0])
+    out.update(isolation=isolation, n=n, window=window, load=os.getloadavg()[0], sed_pid=p.pid)
     return out
 
 

@@ -77,3 +77,21 @@ def test_curve_rows_bring_their_plain_rows_and_ratios():
     text = report.security_table(res, cost, report.evaluate(res))
     assert "1.25x (+25 %)" in text and "1.05x (+5 %)" in text
     assert "1.25x plain" in report.table(res, report.evaluate(res), {})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_standalone_bench_writes_json_and_stops_its_sed(tmp_path):
+    out = tmp_path / "standalone.json"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    r = subprocess.run([sys.executable, "-m", "benchmarks.standalone", "--n", "500", "--repeat", "1",
+                        "--json", str(out)], capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["calls_per_s"] > 0 and doc["sed_us"] > 0 and doc["client_us"] > 0
+    assert len(doc["rounds"]) == 1 and doc["isolation"] == "process"
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    try:                            # its SeD (own session, not our child) was stopped
+        assert psutil.Process(doc["sed_pid"]).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass

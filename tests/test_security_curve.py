@@ -97,3 +97,29 @@ def test_keys_command(tmp_path):
     assert [ln.split()[:2] for ln in lines] == [["element", "LA1"], ["element", "MA"], ["user", "alice"]]
     r = run("show", "MA", "--element")
     assert r.returncode == 0 and len(r.stdout.strip()) == 40
+
+
+def test_a_daemon_adding_its_key_ring_while_the_zap_thread_reads_them(tmp_path):
+    """The ZAP thread names a key by walking every daemon's key ring while
+    another daemon of the same process adds its own; the walk once raised
+    "dictionary changed size during iteration", which killed the ZAP thread and
+    every later CURVE handshake of the process (a tree in one process never
+    registered). Reproduced deterministically: a ring's lookup adds a ring."""
+    from gridrpc.transport import security as sec
+
+    ctx = zmq.Context()
+    try:
+        auth = sec._Authenticator(ctx)           # not started: only its bookkeeping is used
+        store = KeyStore(str(tmp_path / "k"))
+        first = auth.add_ring("d1", store)
+        added = []
+
+        def identity_and_a_new_daemon(z):
+            if not added:
+                added.append(auth.add_ring("d2", store))
+            return None
+        first.identity = identity_and_a_new_daemon
+        assert auth.curve_user_id(b"\x00" * 32).startswith("unknown:")
+        assert set(auth.rings) == {"d1", "d2"} and auth.add_ring("d2", store) is added[0]
+    finally:
+        ctx.term()

@@ -204,7 +204,19 @@ class _Authenticator(ThreadAuthenticator):
 
     def __init__(self, context: zmq.Context) -> None:
         super().__init__(context, log=logging.getLogger("gridrpc.zap"))
+        #: domain -> ring; copied on write (``add_ring``): the ZAP thread iterates it while
+        #: daemons of the same process add theirs (it once died of "dictionary changed size
+        #: during iteration", and with it every later CURVE handshake of the process)
         self.rings: dict[str, _KeyRing] = {}
+
+    def add_ring(self, domain: str, store: "KeyStore") -> "_KeyRing":
+        with _auth_lock:
+            ring = self.rings.get(domain)
+            if ring is None:
+                ring = _KeyRing(store)
+                self.rings = {**self.rings, domain: ring}
+                self.configure_curve_callback(domain=domain, credentials_provider=ring)
+            return ring
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         z = zmq.utils.z85.encode(client_public_key)
@@ -266,10 +278,7 @@ class Security:
         # one ZAP domain per (daemon, key directory): daemons of one process
         # (tests, replicas) may trust different directories
         domain = f"{domain}.{hashlib.sha1(str(self.keys.dir.resolve()).encode()).hexdigest()[:10]}"
-        ring = auth.rings.get(domain)
-        if ring is None:
-            ring = auth.rings[domain] = _KeyRing(self.keys)
-            auth.configure_curve_callback(domain=domain, credentials_provider=ring)
+        auth.add_ring(domain, self.keys)
         return {zmq.CURVE_SERVER: 1, zmq.CURVE_PUBLICKEY: pair.public, zmq.CURVE_SECRETKEY: pair.secret,
                 zmq.ZAP_DOMAIN: domain.encode()}
 

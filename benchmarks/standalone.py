@@ -17,17 +17,14 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import psutil
 
 import gridrpc
 
-from .procs import child_env
+from .procs import Procs
 
 
 def _cpu(ps: psutil.Process) -> float:
@@ -70,27 +67,9 @@ async def _run(address: str, ps: psutil.Process, n: int, window: int, repeat: in
 
 
 def measure(isolation: str = "process", n: int = 10000, window: int = 256, repeat: int = 3) -> dict:
-    with tempfile.TemporaryDirectory(prefix="gridrpc-standalone-") as d:
-        ready = os.path.join(d, "ready")
-        p = subprocess.Popen([sys.executable, "-m", "gridrpc", "sed", "--name", "s1", "--port", "0", "--examples",
-                              "--isolation", isolation, "--ready-file", ready, "--log-level", "WARNING"],
-                             start_new_session=True, stdout=subprocess.DEVNULL, env=child_env())
-        try:
-            end = time.monotonic() + 60
-            while not os.path.exists(ready):
-                if p.poll() is not None or time.monotonic() > end:
-                    raise RuntimeError("the SeD did not start")
-                time.sleep(0.05)
-            with open(ready) as fh:
-                address = json.load(fh)["address"] + "#s1"
-            out = asyncio.run(_run(address, psutil.Process(p.pid), n, window, repeat))
-        finally:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+    with Procs() as procs:
+        p = procs.daemon("sed", "s1", "--examples", "--isolation", isolation).wait_ready()
+        out = asyncio.run(_run(f"{p.address}#s1", psutil.Process(p.pid), n, window, repeat))
     out.update(isolation=isolation, n=n, window=window, load=os.getloadavg()[0], sed_pid=p.pid)
     return out
 

@@ -16,10 +16,19 @@ from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigErr
                      Refused, RemoteError, ServerLost, ServiceNotFound, Timeout, WorkerDied)
 from .files import File
 from .local_agent import LocalAgent
-from .master_agent import MasterAgent
 from .sed import SeD
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # the MA brings its HTTP API (aiohttp, ~10 MB and ~0.1 s to import): loaded when first
+    # used, not in every SeD, LA and client process that imports gridrpc
+    if name == "MasterAgent":
+        from .master_agent import MasterAgent
+        globals()["MasterAgent"] = MasterAgent
+        return MasterAgent
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     # clients

@@ -68,3 +68,30 @@ def test_messages_naming_modules_import_nothing():
     finally:
         sys.meta_path.remove(rec)
     assert rec.asked == [], f"a message made the process import {rec.asked}"
+
+
+def test_a_pickle_sent_as_an_argument_is_data_not_code(tmp_path):
+    """Arguments cross the SeD -> worker pipe pickled (sed/worker_link.py), but
+    the pickle is made by the SeD from what the codec decoded (JSON and raw
+    buffers; never a pickle): bytes that are themselves a pickle stay bytes. A
+    payload that would create a file if it were ever unpickled comes back as
+    sent, and no file appears, in the SeD or its worker process."""
+    import gridrpc
+
+    import pickle
+
+    def payload_for(path):
+        return f"cbuiltins\nopen\n(S'{path}'\nS'w'\ntR.".encode()      # pickle protocol 0
+
+    live = tmp_path / "live"
+    pickle.loads(payload_for(live)).close()         # the payload is live: unpickled, it creates its file
+    assert live.exists()
+    target = tmp_path / "unpickled"
+    payload = payload_for(target)
+    with LocalTree(las=0, seds_under_ma=1, http=False) as t:
+        assert type(t.seds[0].execution).__name__ == "ProcessBackend"     # through a worker process
+        with gridrpc.Client(t.ma_address) as c:
+            server = t.sed_names()[0]
+            assert c.call("echo", payload, server=server) == payload
+            assert c.call("echo", [payload, {"k": payload}], server=server) == [payload, {"k": payload}]
+    assert not target.exists()

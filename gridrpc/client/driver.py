@@ -306,7 +306,7 @@ class AsyncCallDriver(CallDriver):
         if not q:
             return
         try:
-            self.send(address, q[0][0] if len(q) == 1 else m.batch([frames for frames, _, _ in q]))
+            self.send(address, m.packed([frames for frames, _, _ in q]))
         except GridRPCError as exc:
             log.info("%s: %d message(s) to %s not sent: %s", self.name, len(q), address, exc)
             for _, flight, attempt in q:

@@ -149,6 +149,12 @@ def batch(messages: list[list]) -> list:
     return frames
 
 
+def packed(messages: list[list]) -> list:
+    """The frames that carry ``messages`` (1 to ``MAX_BATCH``) to one peer:
+    a single message as itself, several as one BATCH envelope."""
+    return messages[0] if len(messages) == 1 else batch(messages)
+
+
 def unbatch(header: dict, frames: list) -> list[list]:
     """The messages of a BATCH envelope (``frames``: every frame after its
     header), each ``[header frame, *buffers]``. Raises ProtocolError when

@@ -38,7 +38,6 @@ log = logging.getLogger("gridrpc.sed.server")
 CANCEL_GRACE = 0.002
 
 
-
 @dataclass(eq=False, kw_only=True)
 class _Call(CallRecord):
     """A live call: its record plus what the runtime needs to run and answer it."""
@@ -49,7 +48,6 @@ class _Call(CallRecord):
     kwargs: dict | None = None
     workdir: str | None = None
     task: asyncio.Task | None = None
-    ack_held: bool = False          # its ACCEPTED waits in a slot of SeD._acks
     options: dict = field(default_factory=dict)    # per-call options of the back-end (batch: _batch)
     last_contact: float = field(default_factory=time.time)   # last word from the client (CALL, PING): orphan detection
     orphaned: bool = False          # the client went away; left to finish (on_orphan policy)
@@ -176,13 +174,11 @@ class CallsMixin:
             held = self._acks[slot] = []
             loop.call_at(slot * ACK_SLOT, self._send_acks, slot)
         held.append(call)
-        call.ack_held = True
 
     def _send_acks(self, slot: int) -> None:
         by_route: dict[bytes, list] = {}
         for call in self._acks.pop(slot, ()):
-            if call.ack_held and self.calls.get(call.id) is call and call.route:
-                call.ack_held = False
+            if self.calls.get(call.id) is call and call.route:   # not answered meanwhile
                 by_route.setdefault(call.route[0], []).append(call)
         for calls in by_route.values():
             self.endpoint.send_many(calls[0].route, [self._accepted(c) for c in calls])
@@ -402,7 +398,6 @@ class CallsMixin:
         may start the next calls. Also for back-ends (e.g. at shutdown)."""
         if self.calls.get(call.id) is not call:
             return
-        call.ack_held = False
         header, buffers, ok = self.data.answering(call, header, buffers, ok)   # kept results, data waiters
         task = call.task
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():

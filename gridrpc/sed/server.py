@@ -299,7 +299,7 @@ class SeD(CallsMixin):
         for c in list(self.calls.values()):
             if c.task:
                 c.task.cancel()
-            c.ack_held = False
+        self._acks.clear()              # held ACCEPTEDs: nothing more is acknowledged
         if self.uplink is not None:
             self.uplink.flush()             # the last events (a call cancelled at shutdown...)
             await self.uplink.aclose()

@@ -209,7 +209,7 @@ class Endpoint:
         for i in range(0, len(headers), m.MAX_BATCH):
             part = [[m.dumps(h)] for h in headers[i:i + m.MAX_BATCH]]
             try:
-                self.channel.send([*route, *(part[0] if len(part) == 1 else m.batch(part))])
+                self.channel.send([*route, *m.packed(part)])
             except GridRPCError as exc:
                 log.debug("%s: could not send %d messages: %s", self.name, len(part), exc)
                 ok = False
@@ -242,7 +242,7 @@ class Endpoint:
         if not held:
             return
         try:
-            self.channel.send([*self._held_route, *(held[0] if len(held) == 1 else m.batch(held))])
+            self.channel.send([*self._held_route, *m.packed(held)])
         except GridRPCError as exc:
             log.debug("%s: could not send %d held answers: %s", self.name, len(held), exc)
 

@@ -102,14 +102,14 @@ class Discovering:
         if not expected:
             return None
         silent_after = max(max_age, self.config.view_max_age)
-        ranking = self._ranking(service, agg, len(expected)) if max_age >= silent_after else None
+        ranking = self._ranking(service, agg, len(expected)) if max_age >= self.config.view_max_age else None
         servers = None if ranking is None else ranking.answer(self.view.seds, expected, now, silent_after, k)
         if servers is not None:                   # the first places of the kept ranking
             c = self.counters
             c.view_moved += ranking.moved
             c.view_sorted += ranking.sorted
             c.view_walked += ranking.walked
-            answered = len(ranking.matched)
+            answered = len(ranking.matched)        # SeDs known to the ranking (silent ones too)
         else:                                     # rank every SeD of the view
             skip = self.latency.silent(now - self.config.silent_probe) if self.latency.missed else frozenset()
             servers = candidates(self.view, expected, service, now, max_age, skip, silent_after=silent_after)
@@ -122,6 +122,7 @@ class Discovering:
         ranked = power_of_two(servers, k, self.discoveries.rng)
         if ranked:
             self.discoveries.remember_choice(ranked[0]["name"], now)
+            self.discoveries.sweep(now)         # servers chosen once, never walked again, are forgotten too
         keys = self.public_keys()
         if keys:                                  # under CURVE clients pin the SeD's key from the answer
             ranked = [dict(s, public_key=keys[s["name"]]) if s["name"] in keys else s for s in ranked]

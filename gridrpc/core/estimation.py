@@ -66,13 +66,12 @@ def scheduler_tags(*, scheduler, service: str, predictor: RunTimePredictor, now:
     :class:`~gridrpc.core.queue.SedScheduler`: what the SeD runtime and the
     simulator (:mod:`gridrpc.sim`) put in the estimation vector."""
     sch = scheduler
-    if not sch.requests:            # idle: nothing running or waiting (no lists to build)
-        return queue_tags(service=service, predictor=predictor, now=now, num_waiting=0, num_running=0,
-                          max_concurrent=sch.max_concurrent, last_solve=last_solve, running=[],
-                          waiting_services=[])
+    if sch.requests:
+        running = [(start, sch.requests[rid].service) for rid, start in sch.running.items()]
+        waiting = [q.service for q in sch.waiting()]
+    else:                           # idle: no lists to build
+        running, waiting = [], []
     return queue_tags(
         service=service, predictor=predictor, now=now,
         num_waiting=len(sch.requests) - len(sch.running), num_running=len(sch.running),
-        max_concurrent=sch.max_concurrent, last_solve=last_solve,
-        running=[(start, sch.requests[rid].service) for rid, start in sch.running.items()],
-        waiting_services=[q.service for q in sch.waiting()])
+        max_concurrent=sch.max_concurrent, last_solve=last_solve, running=running, waiting_services=waiting)

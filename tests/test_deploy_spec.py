@@ -318,3 +318,15 @@ def test_client_takes_one_key_per_master_agent(tmp_path):
     assert c._ma_public == [store.public("MA2", "element")]          # one key: for every MA
     with pytest.raises(ConfigError, match="ma_key lists 2 keys for 3 master agent"):
         AsyncClient(["tcp://h:1", "tcp://h:2", "tcp://h:3"], keys=str(store.dir), key="alice", ma_key="MA1,MA2")
+
+
+def test_prestart_workers_reaches_the_sed_command_line_and_is_checked(tmp_path):
+    from gridrpc.deploy.runner import Deployment
+    spec = load(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, replicas: 4, prestart_workers: 4}")))
+    assert spec.element("sed-1").options["prestart_workers"] == 4
+    d = Deployment(spec, state_dir=str(tmp_path / "state"))
+    d.addresses.update(MA="tcp://a:1", LA1="tcp://b:2")
+    cmd = d.command(spec.element("sed-1"))
+    assert cmd[cmd.index("--prestart-workers") + 1] == "4"
+    msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, prestart_workers: -2}"), "b.yaml"))
+    assert "seds[0].prestart_workers" in msg

@@ -178,3 +178,44 @@ def test_the_sed_receives_through_the_endpoint_and_answers_bad_fields():
         s.close()
         lt.run(sed.aclose())
         lt.close()
+
+
+def test_prestart_workers_forks_them_at_start_and_the_rest_on_demand():
+    """``prestart_workers``: that many workers exist before the first call (a burst on many
+    replicas then forks nothing on the SeD's loop); the default forks one; calls beyond it fork."""
+    from gridrpc.client.aio import AsyncClient
+    from gridrpc.errors import ConfigError
+    lt = LoopThread()
+    seds = [example_sed("pre", None, ["add", "sleep"], replicas=3, prestart_workers=3),
+            example_sed("dflt", None, ["add", "sleep"], replicas=3)]
+    try:
+        for s in seds:
+            lt.run(s.start())
+        pre, dflt = seds
+        assert len(pre.execution.pool.workers) == 3 and pre.execution.pool.spawned == 3
+        assert len(dflt.execution.pool.workers) == 1 and dflt.execution.pool.spawned == 1
+        pids = {w.proc.pid for w in pre.execution.pool.workers}
+        assert all(w.proc.is_alive() for w in pre.execution.pool.workers)
+
+        async def burst(sed):
+            from gridrpc.client.call import ServerInfo
+            async with AsyncClient(None) as c:
+                calls = [c.submit_nowait("sleep", 0.3, server=ServerInfo(f"{sed.name}-{i}", sed.address))
+                         for i in (1, 2, 3)]
+                return [await x for x in calls]
+        # three calls at once, one per replica: the prestarted SeD uses its three workers, forks none
+        lt.run(burst(pre))
+        assert pre.execution.pool.spawned == 3 and {w.proc.pid for w in pre.execution.pool.workers} == pids
+        lt.run(burst(dflt))
+        assert dflt.execution.pool.spawned == 3
+    finally:
+        for s in seds:
+            lt.run(s.aclose())
+        lt.close()
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="prestart_workers"):
+            SeD("x", prestart_workers=bad)
+    # more than the pool holds: the pool's size bounds it
+    s = SeD("y", replicas=2, workers=2, prestart_workers=10)
+    assert s.execution.prestart == 2
+    assert InlineBackend().name == SeD("z", isolation="inline", prestart_workers=4).isolation

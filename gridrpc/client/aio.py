@@ -154,9 +154,38 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                                                timeout if timeout is not None else self.timeout, aggregator,
                                                keep_result))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._call_task_done)
         call._bind(task)
         return call
+
+    async def cancel_calls(self, calls, timeout: float | None = None) -> int:
+        """Cancel many calls of this client at once and wait until each is over
+        (its server confirmed, or ``ack_timeout`` passed; at most ``timeout``
+        seconds in all). The CANCELs of one server leave as one batch, as they
+        do for ``await call.acancel()`` one by one, but without a task and a
+        wait per call (14,100 of them took ~1.6 s of one core). Returns how
+        many were not finished yet (so were cancelled)."""
+        waiting: list[asyncio.Task] = []
+        for call in calls:
+            if call._client is not self:
+                raise ValueError(f"{call!r} belongs to another client")
+            task = call._task
+            if task is None or task.done():
+                continue
+            flight = call._flight
+            if flight is None or flight.machine.finished:
+                task.cancel()                   # not sent yet (discovery): stop it here
+            else:
+                self._driver.cancel(flight)     # the call fails with CallCancelled when confirmed
+            waiting.append(task)
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+        return len(waiting)
+
+    def _call_task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()    # retrieved: a failure is reported by its Call, asyncio need not log it
 
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "AsyncHandle":
         return AsyncHandle(self, service, server)

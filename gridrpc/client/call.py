@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import threading
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..errors import CallCancelled, Timeout
+
+_CF_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +30,7 @@ class Call:
         self._client = client
         self.service = service
         self._loop = loop
-        self._cf: cf.Future | None = None       # created when submitted (not for direct awaits)
+        self._cf: cf.Future | None = None       # the thread side's future, made on first use (_future)
         self._task: asyncio.Task | None = None
         self.server: str | None = None          # name of the SeD it was sent to
         self.address: str | None = None
@@ -39,19 +42,50 @@ class Call:
 
     # set by the client
     def _bind(self, task: asyncio.Task) -> None:
-        self._cf = cf.Future()
         self._task = task
-        task.add_done_callback(self._mirror)
+
+    def _future(self) -> cf.Future:
+        """The ``concurrent.futures`` mirror of the task, for threads: made when first
+        asked for (a burst of 14,000 submits made 14,000 of them, each with a lock and a
+        condition, for loop code that never looks at them)."""
+        f = self._cf
+        if f is not None:
+            if not f.done() and self._task is not None and self._task.done():
+                self._mirror(self._task)        # finished: its callback may not have run yet
+            return f
+        with _CF_LOCK:
+            if self._cf is not None:
+                return self._cf
+            f = cf.Future()
+            task = self._task
+            self._cf = f
+        if task is None:
+            return f                            # a direct await's Call: never handed out
+        if task.done():
+            self._mirror(task)
+        elif self._in_loop():
+            task.add_done_callback(self._mirror)
+        else:
+            try:
+                self._loop.call_soon_threadsafe(task.add_done_callback, self._mirror)
+            except RuntimeError:                # the loop is closed: the task will never finish
+                if not f.done():
+                    f.set_exception(CallCancelled(f"call to {self.service} cancelled: its client is closed"))
+        return f
 
     def _mirror(self, task: asyncio.Task) -> None:
-        if self._cf.done():
+        f = self._cf
+        if f.done():
             return
-        if task.cancelled():
-            self._cf.set_exception(CallCancelled(f"call to {self.service} cancelled"))
-        elif task.exception() is not None:
-            self._cf.set_exception(task.exception())
-        else:
-            self._cf.set_result(task.result())
+        try:
+            if task.cancelled():
+                f.set_exception(CallCancelled(f"call to {self.service} cancelled"))
+            elif task.exception() is not None:
+                f.set_exception(task.exception())
+            else:
+                f.set_result(task.result())
+        except cf.InvalidStateError:            # set meanwhile by the loop's callback or another thread
+            pass
 
     # -- thread API -------------------------------------------------------
     def _in_loop(self) -> bool:
@@ -61,12 +95,13 @@ class Call:
             return False
 
     def result(self, timeout: float | None = None):
-        if self._in_loop() and not self._cf.done():
+        if self._in_loop() and not self.done():
             raise RuntimeError("Call.result() would block the event loop; use 'await call' instead")
+        f = self._future()
         try:
-            return self._cf.result(timeout)
+            return f.result(timeout)
         except cf.TimeoutError:             # also the call's own gridrpc.Timeout (a TimeoutError)
-            if self._cf.done():
+            if f.done():
                 raise
             raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
         except cf.CancelledError:
@@ -76,7 +111,7 @@ class Call:
         try:
             self.result(timeout)
         except Timeout as exc:
-            if not self._cf.done():
+            if not self._future().done():
                 raise                   # not finished in time
             return exc                  # the call itself failed with Timeout
         except BaseException as exc:  # noqa: BLE001
@@ -84,15 +119,18 @@ class Call:
         return None
 
     def done(self) -> bool:
-        return self._cf.done()
+        task = self._task
+        if task is not None:
+            return task.done()
+        return self._cf is not None and self._cf.done()
 
     def cancelled(self) -> bool:
-        return self._cf.done() and isinstance(self._cf.exception(), CallCancelled)
+        return self.done() and isinstance(self._future().exception(), CallCancelled)
 
     def cancel(self, timeout: float = 5.0) -> bool:
         """Stop the call: removed from the server's queue or its worker killed.
         Returns False if it had already finished."""
-        if self._cf.done():
+        if self.done():
             return False
         if self._in_loop():
             raise RuntimeError("use 'await call.acancel()' inside the event loop")
@@ -103,14 +141,14 @@ class Call:
             return True
 
     def add_done_callback(self, fn) -> None:
-        self._cf.add_done_callback(lambda _f: fn(self))
+        self._future().add_done_callback(lambda _f: fn(self))
 
     # -- async API --------------------------------------------------------
     def __await__(self):
         return self.aresult().__await__()
 
     async def aresult(self, timeout: float | None = None):
-        fut = asyncio.wrap_future(self._cf) if not self._in_loop() or self._task is None else self._task
+        fut = asyncio.wrap_future(self._future()) if not self._in_loop() or self._task is None else self._task
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:        # also the call's own gridrpc.Timeout (a TimeoutError)
@@ -118,12 +156,12 @@ class Call:
                 raise
             raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
         except asyncio.CancelledError:
-            if self._cf.done():
-                return self._cf.result()
+            if self.done():
+                return self._future().result()
             raise
 
     async def acancel(self) -> bool:
-        if self._cf.done() or self._task is None:
+        if self._task is None or self._task.done():
             return False
         await self._client._cancel_remote(self)     # returns once the server confirmed (or gave up)
         flight = self._flight
@@ -145,7 +183,7 @@ def wait(calls: Iterable[Call], timeout: float | None = None, return_when: str =
     calls = list(calls)
     if return_when not in ("ALL_COMPLETED", "FIRST_COMPLETED", "FIRST_EXCEPTION"):
         raise ValueError("return_when must be 'ALL_COMPLETED', 'FIRST_COMPLETED' or 'FIRST_EXCEPTION'")
-    by_future = {c._cf: c for c in calls}
+    by_future = {c._future(): c for c in calls}
     done, pending = cf.wait(list(by_future), timeout=timeout, return_when=return_when)
     return {by_future[f] for f in done}, {by_future[f] for f in pending}
 

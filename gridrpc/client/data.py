@@ -287,7 +287,7 @@ async def _arg_of(client: "AsyncClient", v: Any, refs: list) -> Any:
             await asyncio.sleep(0.002)
         if v.done():
             try:
-                value = v._cf.result()
+                value = v._future().result()
             except BaseException as exc:  # noqa: BLE001
                 raise DataLost(f"an argument is the call {v.service} ({v.id}), which failed: "
                                f"{type(exc).__name__}: {exc}") from exc

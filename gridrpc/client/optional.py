@@ -130,22 +130,28 @@ async def drive(client, service: str, dispatcher: _Dispatcher, servers: Sequence
     cancelling: list[asyncio.Task] = []
     loop = asyncio.get_running_loop()
 
+    def finished(key: str):
+        return lambda _task: done_q.put_nowait(key)
+
     def apply(actions) -> None:
         # cancels newest first: on a FCFS server the oldest call is the running
         # one; cancelling it first would start (and at once kill) the next one
         cancels = [a for a in actions if isinstance(a, Cancel)][::-1]
+        stop: list[Call] = []
         for a in [a for a in actions if not isinstance(a, Cancel)] + cancels:
             if isinstance(a, Submit):
                 call = client.submit_nowait(service, *_as_args(a.args), optional=a.optional,
                                      server=by_name[a.server], **kwargs)
                 calls[a.key] = call
-                call.add_done_callback(lambda _c, key=a.key: loop.call_soon_threadsafe(done_q.put_nowait, key))
+                call._task.add_done_callback(finished(a.key))     # in the loop: no thread-side future
             elif isinstance(a, Cancel):
                 call = calls.get(a.key)
                 if call is not None and not call.done():
-                    cancelling.append(loop.create_task(_cancel(call, cancel_timeout)))
+                    stop.append(call)
             elif isinstance(a, Finish):
                 pass
+        if stop:            # one wait for all (a deadline cancels every outstanding call at once)
+            cancelling.append(loop.create_task(_cancel_all(client, stop, cancel_timeout)))
 
     try:
         apply(dispatcher.start(clock()))
@@ -161,7 +167,7 @@ async def drive(client, service: str, dispatcher: _Dispatcher, servers: Sequence
                 continue
             call = calls[key]
             now = clock()
-            exc = call.exception(0) if call.done() else None
+            exc = _exception(call)
             started = (call.timing or {}).get("started")
             if exc is None:
                 apply(dispatcher.on_done(key, True, now, started=started))
@@ -170,24 +176,36 @@ async def drive(client, service: str, dispatcher: _Dispatcher, servers: Sequence
                 log.debug("optional run: call %s (%s) failed: %s", key, call.id, exc)
                 apply(dispatcher.on_done(key, False, now, retry=retry, started=started))
     finally:
-        for key in dispatcher.outstanding:          # interrupted: the dispatcher did not clean up
-            call = calls.get(key)
-            if call is not None and not call.done():
-                cancelling.append(loop.create_task(_cancel(call, cancel_timeout)))
+        stop = [calls[key] for key in dispatcher.outstanding      # interrupted: the dispatcher did not clean up
+                if key in calls and not calls[key].done()]
+        if stop:
+            cancelling.append(loop.create_task(_cancel_all(client, stop, cancel_timeout)))
         if cancelling:
             await asyncio.shield(asyncio.gather(*cancelling, return_exceptions=True))
         leftover = [c for c in calls.values() if not c.done()]
         if leftover:
-            await asyncio.shield(asyncio.gather(*(_cancel(c, cancel_timeout) for c in leftover),
-                                                return_exceptions=True))
+            await asyncio.shield(_cancel_all(client, leftover, cancel_timeout))
     return calls
 
 
-async def _cancel(call: Call, timeout: float) -> None:
+def _exception(call: Call) -> BaseException | None:
+    """The failure of a finished call, read in the loop from its task (None: it succeeded)."""
+    task = call._task
+    if task is None or not task.done():
+        return None
+    if task.cancelled():
+        return CallCancelled(f"call to {call.service} cancelled")
+    return task.exception()
+
+
+async def _cancel_all(client, calls: list[Call], timeout: float) -> None:
     try:
-        await asyncio.wait_for(call.acancel(), timeout)
-    except (asyncio.TimeoutError, GridRPCError):
-        log.info("cancel of %s on %s not confirmed", call.id, call.server)
+        await client.cancel_calls(calls, timeout)
+    except GridRPCError as exc:
+        log.info("cancel of %d call(s) failed: %s", len(calls), exc)
+    left = sum(1 for c in calls if not c.done())
+    if left:
+        log.info("cancel of %d call(s) not confirmed within %.3gs", left, timeout)
 
 
 def call_events(calls: dict[str, Call], records: Iterable[CallRecord], user: str) -> list[dict]:

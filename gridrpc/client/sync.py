@@ -97,6 +97,12 @@ class Client:
     def call(self, service: str, *args, **kwargs):
         return self._run(self._aclient.call(service, *args, **kwargs))
 
+    def cancel_calls(self, calls, timeout: float | None = None) -> int:
+        """Cancel many calls at once (see :meth:`AsyncClient.cancel_calls`); returns
+        how many were not finished yet."""
+        return self._run(self._aclient.cancel_calls(list(calls), timeout),
+                         None if timeout is None else timeout + 5.0)
+
     def put(self, value, **kw):
         """Store ``value`` on a SeD; returns a ``gridrpc.DataRef`` (see docs/data.md)."""
         return self._run(self._aclient.put(value, **kw))

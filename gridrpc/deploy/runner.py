@@ -244,6 +244,7 @@ class Deployment(StartUp, TearDown, DeploymentState):
                 cmd.append("--examples")
             for key, flag in (("max_concurrent", "--max-concurrent"), ("queue", "--queue"),
                               ("replicas", "--replicas"), ("workers", "--workers"),
+                              ("prestart_workers", "--prestart-workers"),
                               ("isolation", "--isolation"), ("kill_grace", "--kill-grace"),
                               ("result_cache_bytes", "--result-cache-bytes"),
                               ("max_message_size", "--max-message-size"),

@@ -235,6 +235,7 @@ class SedModel(_Model):
     queue: Queue | None = None
     replicas: PosInt | None = None
     workers: PosInt | None = None
+    prestart_workers: NonNegInt | None = None
     isolation: Literal["process", "inline"] | None = None
     kill_grace: NonNegFloat | None = None
     result_cache_bytes: NonNegInt | None = None

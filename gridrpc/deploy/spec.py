@@ -227,8 +227,8 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
                                     options={} if ot is _UNSET else {"orphan_timeout": ot}))
     for sed, raw in zip(checked.seds, data.get("seds") or []):
         options = {k: v for k, v in raw.items() if k not in ("name", "parent", "host", "port")}
-        for key in ("services", "examples", "max_concurrent", "queue", "replicas", "workers", "isolation",
-                    "kill_grace", "kind", "args", "scheduler", "partition"):
+        for key in ("services", "examples", "max_concurrent", "queue", "replicas", "workers", "prestart_workers",
+                    "isolation", "kill_grace", "kind", "args", "scheduler", "partition"):
             if key in raw:
                 options[key] = getattr(sed, key)            # validated values (ints are ints, ...)
         if "orphan_timeout" in raw:

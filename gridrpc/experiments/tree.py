@@ -1,6 +1,6 @@
 """A local tree for experiments: one MA process and K SeD processes holding
 the N SeDs as replicas (``--replicas``), each call in a killable worker
-process. Separate processes so that the clients (in the experiment's own
+process (one per replica, forked before the experiment starts). Separate processes so that the clients (in the experiment's own
 process) do not share an interpreter lock with the servers, and so that the
 CPU use of every element can be measured (psutil).
 
@@ -61,6 +61,9 @@ class ExperimentTree:
     hb_interval: float = 1.0
     hb_timeout: float = 5.0
     ready_timeout: float = 30.0
+    # every replica runs calls at once in a burst: fork their workers before the experiment, not in it
+    # (68 forks on the SeD's loop cost ~0.2 s of a burst's dispatch, benchmarks/burst.py)
+    prestart_workers: bool = True
     elements: list[Element] = field(default_factory=list)
     workdir: str = ""
 
@@ -97,7 +100,7 @@ class ExperimentTree:
             for i, n in enumerate(sizes):
                 args = ["gridrpc.experiments.tree", "sed", "--parent", self.ma_address,
                         "--queue", self.queue, "--queue-options", json.dumps(self.queue_options),
-                        "--replicas", str(n)]
+                        "--replicas", str(n), "--prestart-workers", str(n if self.prestart_workers else 1)]
                 self._spawn(f"sed{i}" if k > 1 else "sed", "sed", args, replicas=n)
         except BaseException:
             self.stop()
@@ -148,13 +151,14 @@ def _sed_main(argv: list[str]) -> int:
     ap.add_argument("--hb-interval", type=float, default=1.0)
     ap.add_argument("--hb-timeout", type=float, default=5.0)
     ap.add_argument("--log-level", default="WARNING")
+    ap.add_argument("--prestart-workers", type=int, default=1)
     a = ap.parse_args(argv)
     from ..cli import _ready_writer, _setup_logging
     from .._run import run_daemon
     from ..sed import SeD
     _setup_logging(a.log_level)
     sed = SeD(a.name, a.parent, address=f"tcp://{a.host}:{a.port}", queue=a.queue,
-              queue_options=json.loads(a.queue_options), replicas=a.replicas,
+              queue_options=json.loads(a.queue_options), replicas=a.replicas, prestart_workers=a.prestart_workers,
               hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
     sed.add_service("sleep", a.service)
     run_daemon(sed, ready=_ready_writer(a.ready_file))

@@ -57,7 +57,7 @@ def grpc_finalize() -> GridRPCErrorCode:
 
 def cancel_calls(state: _State, calls: list[Call]) -> None:
     async def _all():
-        await asyncio.gather(*(c.acancel() for c in calls), return_exceptions=True)
+        await state.client.aclient.cancel_calls(calls)
     try:
         # Call.acancel waits at most ack_timeout for the SeD's confirmation
         state.client.run_coroutine(_all(), timeout=state.client.aclient.ack_timeout + 2.0)

@@ -82,7 +82,7 @@ class SeD(CallsMixin):
 
     def __init__(self, name: str, parent: str | None = None, *, address: str = "tcp://127.0.0.1:0",
                  max_concurrent: int = 1, queue: str = "fcfs", replicas: int = 1,
-                 workers: int | None = None, isolation: str = "process",
+                 workers: int | None = None, isolation: str = "process", prestart_workers: int = 1,
                  hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  max_message_size: int = DEFAULT_MAX_MESSAGE, orphan_timeout: float | None = None,
                  seed: int | None = None, queue_options: dict | None = None,
@@ -98,6 +98,8 @@ class SeD(CallsMixin):
             raise ConfigError("isolation must be 'process' or 'inline'")
         if result_cache_bytes < 0:
             raise ConfigError("result_cache_bytes must be >= 0")
+        if isinstance(prestart_workers, bool) or not isinstance(prestart_workers, int) or prestart_workers < 0:
+            raise ConfigError("prestart_workers must be an integer >= 0")
         try:
             make_policy(queue, **(queue_options or {}))   # validate early: clear errors
         except ValueError as exc:
@@ -154,7 +156,11 @@ class SeD(CallsMixin):
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
         self.data = SedData(self, data)             # data held by reference (gridrpc.sed.data)
         self.endpoint.handlers.update(self.data.handlers())
-        self.execution = execution or make_backend(isolation, workers=workers or max(2, replicas * max_concurrent))
+        if execution is None:
+            size = workers or max(2, replicas * max_concurrent)
+            opts = {"prestart": min(prestart_workers, size)} if isolation == "process" else {}
+            execution = make_backend(isolation, workers=size, **opts)
+        self.execution = execution
         self.isolation = self.execution.name
         self.execution.bind(self)
 

@@ -35,14 +35,15 @@ class ProcessBackend(BaseBackend):
     ack_delay = 0.02            # a call that starts at once and ends quickly: RESULT stands for ACCEPTED
     copy_args = False           # views on the frames: written once into a segment for the worker
 
-    def __init__(self, workers: int = 2, shm: ShmLimits | None = None) -> None:
+    def __init__(self, workers: int = 2, shm: ShmLimits | None = None, prestart: int = 1) -> None:
         self.size = workers
         self.shm = shm
+        self.prestart = prestart        # workers forked at start (the rest on demand, on the SeD's loop)
         self.pool: WorkerPool | None = None
 
     def bind(self, sed) -> None:
         super().bind(sed)
-        self.pool = WorkerPool(sed.functions, size=self.size, limits=self.shm)
+        self.pool = WorkerPool(sed.functions, size=self.size, limits=self.shm, prestart=self.prestart)
 
     async def start(self) -> None:
         self.pool.start()

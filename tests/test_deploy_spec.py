@@ -330,3 +330,17 @@ def test_prestart_workers_reaches_the_sed_command_line_and_is_checked(tmp_path):
     assert cmd[cmd.index("--prestart-workers") + 1] == "4"
     msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, prestart_workers: -2}"), "b.yaml"))
     assert "seds[0].prestart_workers" in msg
+
+
+def test_gather_needs_the_ethic_queue_and_reaches_the_command_line(tmp_path):
+    from gridrpc.deploy.runner import Deployment
+    spec = load(write(tmp_path, GOOD.replace("kill_grace: 1.5", "kill_grace: 1.5\n    gather: 0.02")))
+    assert spec.element("sed-2").options["gather"] == 0.02
+    d = Deployment(spec, state_dir=str(tmp_path / "state"))
+    d.addresses.update(MA="tcp://a:1", LA1="tcp://b:2")
+    cmd = d.command(spec.element("sed-2"))
+    assert cmd[cmd.index("--gather") + 1] == "0.02"
+    msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, gather: 0.02}"), "f.yaml"))
+    assert "seds[0].gather" in msg and "applies to queue 'ethic' only" in msg
+    msg = problems(write(tmp_path, GOOD.replace("kill_grace: 1.5", "gather: 99"), "g.yaml"))
+    assert "seds[1].gather" in msg and "[0, 60]" in msg

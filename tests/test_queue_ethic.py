@@ -294,3 +294,57 @@ def test_only_optional_requests_are_preempted(ops, seed, n):
             if isinstance(a, Kill):
                 assert all_reqs[a.request_id].optional
                 assert a.request_id not in s.requests
+
+
+# -- gather: an idle SeD ranks a burst whole ------------------------------------
+def test_without_gather_the_first_read_user_is_started_then_preempted():
+    s = SedScheduler(EthicPolicy(), rng=random.Random(0))
+    assert s.submit(req("a1", "a", True, 0.000), 0.000) == [Start("a1")]
+    assert s.submit(req("b1", "b", True, 0.004), 0.004) == []
+    assert s.submit(req("m", "c", False, 0.008), 0.008) == [Kill("a1", "preempted"), Start("m")]
+
+
+def test_gather_holds_an_idle_sed_while_optional_requests_keep_coming():
+    s = SedScheduler(EthicPolicy(gather=0.02), rng=random.Random(0))
+    assert s.submit(req("a1", "a", True, 0.000), 0.000) == []
+    assert s.next_wakeup(0.000) == pytest.approx(0.020)
+    assert s.submit(req("b1", "b", True, 0.010), 0.010) == []
+    assert s.next_wakeup(0.010) == pytest.approx(0.030)          # the quiet period restarts
+    assert reevaluate(s, 0.020) == []                             # an early tick starts nothing
+    assert s.submit(req("m", "c", False, 0.025), 0.025) == [Start("m")]   # mandatory: never held, no kill
+    out = s.finished("m", 1.0)
+    assert len(out) == 1 and type(out[0]) is Start and out[0].request_id in {"a1", "b1"}
+    assert s.allocated == {"c": pytest.approx(0.975)}             # nobody was killed
+
+
+def test_gather_ends_after_the_quiet_period_and_ranks_the_burst_whole():
+    s = SedScheduler(EthicPolicy(gather=0.02), rng=random.Random(0))
+    s.allocated["a"] = 5.0                      # a was served before: b, least served, goes first
+    s.submit(req("a1", "a", True, 0.000), 0.000)
+    s.submit(req("b1", "b", True, 0.001), 0.001)
+    assert reevaluate(s, 0.0205) == []          # 19.5 ms after b1: still gathering
+    assert reevaluate(s, 0.0215) == [Start("b1")]
+    assert s.next_wakeup(0.0215) is None
+
+
+def test_gather_max_bounds_the_hold_and_a_busy_sed_never_holds():
+    s = SedScheduler(EthicPolicy(gather=0.02, gather_max=0.05), rng=random.Random(0))
+    t = 0.0
+    for i in range(10):                         # arrivals 10 ms apart, forever "still coming"
+        out = s.submit(req(f"o{i}", f"u{i}", True, t), t)
+        if out:
+            break
+        t += 0.01
+    assert out and len(out) == 1 and t == pytest.approx(0.05)     # started at first + gather_max
+    assert s.submit(req("late", "z", True, t + 0.001), t + 0.001) == []   # busy SeD: queued, no hold timer
+    assert s.next_wakeup(t + 0.001) is None
+
+
+def test_gather_zero_is_the_papers_sed_and_bad_values_are_refused():
+    assert EthicPolicy().hold_until([req("a", "a", True, 0.0)], {}, 0.0) is None
+    for kw in ({"gather": -1}, {"gather": float("nan")}, {"gather": 61}, {"gather": 0.2, "gather_max": 0.1},
+               {"gather_max": 601}):
+        with pytest.raises(ValueError, match="gather"):
+            EthicPolicy(**kw)
+    with pytest.raises(ValueError):
+        make_policy("fcfs", gather=0.1)

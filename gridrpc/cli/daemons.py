@@ -98,6 +98,10 @@ def add_daemon_parsers(sub) -> None:
     p.add_argument("--queue", default="fcfs", help="queue policy: fcfs (default) or ethic")
     p.add_argument("--kill-grace", type=float, default=None,
                    help="ethic queue: seconds a new mandatory call waits before preempting optional ones")
+    p.add_argument("--gather", type=float, default=None, metavar="SECONDS",
+                   help="ethic queue: an idle SeD starts no optional call while they keep arriving less than "
+                        "SECONDS apart (at most 0.5 s), so users arriving together are ranked together "
+                        "(default 0; docs/optional-computations.md)")
     p.add_argument("--replicas", type=int, default=1, help="run N SeDs in this process (names NAME-1..N)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default replicas*max-concurrent)")
     p.add_argument("--prestart-workers", type=int, default=1, metavar="N",
@@ -238,6 +242,8 @@ def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
     opts = {}
     if a.kill_grace is not None:
         opts["kill_grace"] = a.kill_grace
+    if a.gather is not None:
+        opts["gather"] = a.gather
     d = SeD(a.name, a.parent, address=address, max_concurrent=a.max_concurrent, queue=a.queue,
             replicas=a.replicas, workers=a.workers, isolation=a.isolation, prestart_workers=a.prestart_workers,
             max_message_size=a.max_message_size, orphan_timeout=a.orphan_timeout,

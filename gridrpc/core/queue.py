@@ -218,6 +218,10 @@ class SedScheduler:
                         if free == 0:
                             break
             return started
+        if not self.running:
+            hold = getattr(self.policy, "hold_until", None)     # e.g. ethic's gather: a burst is ranked whole
+            if hold is not None and hold(list(self.requests.values()), self.running, now) is not None:
+                return []
         order = self.policy.order(list(self.requests.values()), self.running,
                                   self.user_allocation(now), now, self.rng)
         front = {r.id for r in order[: self.max_concurrent]}

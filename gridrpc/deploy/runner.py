@@ -246,6 +246,7 @@ class Deployment(StartUp, TearDown, DeploymentState):
                               ("replicas", "--replicas"), ("workers", "--workers"),
                               ("prestart_workers", "--prestart-workers"),
                               ("isolation", "--isolation"), ("kill_grace", "--kill-grace"),
+                              ("gather", "--gather"),
                               ("result_cache_bytes", "--result-cache-bytes"),
                               ("max_message_size", "--max-message-size"),
                               ("max_calls_per_user", "--max-calls-per-user"),

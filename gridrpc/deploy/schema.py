@@ -38,7 +38,7 @@ TOP_KEYS = frozenset({"master_agent", "local_agents", "seds", "hosts", "name", "
 MA_KEYS = frozenset({"name", "host", "port", "http_port", "peers", "peer_keys", "peer_hops", "peer_busy_wait"})
 LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout"})
 SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
-                      "replicas", "workers", "prestart_workers", "isolation", "kill_grace", "kind", "orphan_timeout", "args",
+                      "replicas", "workers", "prestart_workers", "isolation", "kill_grace", "gather", "kind", "orphan_timeout", "args",
                       "scheduler", "partition", "options", "result_cache_bytes", "max_message_size",
                       "allow", "groups", "max_calls_per_user", "data_memory_bytes", "data_disk_bytes",
                       "data_policy", "data_dir", "data_bytes_per_user"})

@@ -36,15 +36,17 @@ def _number(v: Any) -> Any:
     return v
 
 
-def _kill_grace(v: float | None, info: ValidationInfo) -> float | None:
+def _ethic_option(v: float | None, info: ValidationInfo) -> float | None:
     if v is None or "queue" not in info.data:          # an invalid queue is reported on its own
         return v
     from ..core.queue import make_policy
     queue = info.data["queue"] or "fcfs"
     try:
-        make_policy(queue, kill_grace=v)
-    except ValueError:
-        raise ValueError(f"kill_grace applies to queue 'ethic' only (this SeD's queue is {queue!r})") from None
+        make_policy(queue, **{info.field_name: v})
+    except ValueError as exc:
+        if queue == "ethic":
+            raise ValueError(str(exc).removeprefix("bad options for queue policy 'ethic': ")) from None
+        raise ValueError(f"{info.field_name} applies to queue 'ethic' only (this SeD's queue is {queue!r})") from None
     return v
 
 
@@ -238,6 +240,7 @@ class SedModel(_Model):
     prestart_workers: NonNegInt | None = None
     isolation: Literal["process", "inline"] | None = None
     kill_grace: NonNegFloat | None = None
+    gather: NonNegFloat | None = None
     result_cache_bytes: NonNegInt | None = None
     allow: dict[str, list[Text]] | None = None       # service | "*" -> users / "@group"
     groups: dict[str, list[Text]] | None = None
@@ -254,7 +257,7 @@ class SedModel(_Model):
     partition: Text | None = None
     options: Any = None
 
-    _check_kill_grace = field_validator("kill_grace")(_kill_grace)
+    _check_ethic_options = field_validator("kill_grace", "gather")(_ethic_option)
 
     @model_validator(mode="after")
     def _what_to_serve(self):

@@ -228,7 +228,7 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
     for sed, raw in zip(checked.seds, data.get("seds") or []):
         options = {k: v for k, v in raw.items() if k not in ("name", "parent", "host", "port")}
         for key in ("services", "examples", "max_concurrent", "queue", "replicas", "workers", "prestart_workers",
-                    "isolation", "kill_grace", "kind", "args", "scheduler", "partition"):
+                    "isolation", "kill_grace", "gather", "kind", "args", "scheduler", "partition"):
             if key in raw:
                 options[key] = getattr(sed, key)            # validated values (ints are ints, ...)
         if "orphan_timeout" in raw:

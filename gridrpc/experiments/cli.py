@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                    help="multiply every time (arrivals, deadline, T) by this")
     e.add_argument("--kill-grace", type=float, default=0.0,
                    help="ethic queue: s (paper units) a new mandatory request waits before killing optional ones")
+    e.add_argument("--gather", type=float, default=0.0,
+                   help="ethic queue: an idle SeD starts no optional request while they keep arriving less "
+                        "than this many seconds apart (at most 0.5 s): a burst of users is ranked whole "
+                        "(default 0: the paper's SeD)")
     e.add_argument("--accounting", choices=["cumulative", "virtual"], default="cumulative",
                    help="ethic rule 4: allocation since the SeD started (paper) or start-time fair queuing")
     e.add_argument("--skip-late", action="store_true",
@@ -68,6 +72,7 @@ def cmd_ethic(a: argparse.Namespace) -> int:
                           task_time=a.task_time, n_min=a.n_min, n_max=a.n_max,
                           arrival_interval=a.arrival_interval, runs=a.runs, seed=a.seed, legacy=a.legacy,
                           n_submit=a.n_submit, time_scale=a.time_scale, kill_grace=a.kill_grace,
+                          gather=a.gather,
                           accounting=a.accounting, sed_processes=a.sed_processes,
                           skip_late=a.skip_late)
     except ValueError as exc:

@@ -16,6 +16,7 @@ metrics come from it (:mod:`gridrpc.core.metrics`). Medians over runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -54,6 +55,7 @@ class EthicConfig:
     n_submit: int | None = None
     time_scale: float = 1.0
     kill_grace: float = 0.0            # paper units (scaled)
+    gather: float = 0.0                # seconds (not scaled): an idle SeD ranks a burst whole
     accounting: str = "cumulative"
     sed_processes: int = 1
     service: str = "sleep"
@@ -80,6 +82,8 @@ class EthicConfig:
         opts: dict[str, Any] = {"accounting": self.accounting}
         if self.kill_grace:
             opts["kill_grace"] = self.kill_grace * self.time_scale
+        if self.gather:
+            opts["gather"] = self.gather
         return opts
 
     def plans(self, seed: int) -> list[ClientPlan]:
@@ -89,17 +93,24 @@ class EthicConfig:
                         arrival_interval=self.arrival_interval)
 
 
-async def _user(plan: ClientPlan, cfg: EthicConfig, ma: str, origin: float, name: str,
-                out: dict[str, Any]) -> None:
-    await asyncio.sleep(max(0.0, origin + plan.t0 - time.time()))
+def _client(ma: str, name: str) -> AsyncClient:
     # a patient client: at scale a SeD process receives thousands of calls
     # at once and may take seconds to acknowledge them all
     # users arriving together share one discovery (share_discovery); 100 users keep ~14,000
     # calls queued for the whole run: a liveness ping per call every 5 s, not every second
     # (at 1 s the one client process spent most of its time on ping timers and reached
     # the deadline seconds late)
-    async with AsyncClient(ma, user=name, discovery_timeout=30.0, ack_timeout=60.0,
-                           ping_interval=5.0, ping_timeout=30.0, share_discovery=True) as client:
+    return AsyncClient(ma, user=name, discovery_timeout=30.0, ack_timeout=60.0,
+                       ping_interval=5.0, ping_timeout=30.0, share_discovery=True)
+
+
+async def _user(plan: ClientPlan, cfg: EthicConfig, client: AsyncClient, origin: float, name: str,
+                out: dict[str, Any]) -> None:
+    # the user's client is up before it arrives, as a user's own process would be: 100 users of
+    # one process starting their sockets one after the other at the arrival spread the arrivals
+    # over 0.3-3 s, the late ones missing the shared discovery (docs/experiments)
+    await asyncio.sleep(max(0.0, origin + plan.t0 - time.time()))
+    async with contextlib.aclosing(client):      # started by run_once; closed here
         for attempt in range(3):     # a swamped SeD process may miss the discovery budget
             try:
                 servers = await client.discover(cfg.service, max_servers=plan.n_max)
@@ -216,9 +227,34 @@ def _gaps(events: list[dict]) -> dict[str, float]:
 async def run_once(cfg: EthicConfig, ma: str, run: int, seed: int) -> dict[str, Any]:
     plans = cfg.plans(seed)
     out: dict[str, Any] = {}
-    origin = time.time() + 0.2
     names = {p.user: f"r{run}-{p.user}" for p in plans}
-    await asyncio.gather(*(_user(p, cfg, ma, origin, names[p.user], out) for p in plans))
+    clients = {p.user: _client(ma, names[p.user]) for p in plans}
+    try:
+        for c in clients.values():
+            await c.start()
+    except BaseException:
+        for c in clients.values():
+            await c.aclose()
+        raise
+    origin = time.time() + 0.2
+    # users with the same arrival time start in one step of the loop: one timer per arrival time, not
+    # one per user (timers microseconds apart fired in separate loop iterations, and a user woken
+    # after the shared discovery had been answered made its own, arriving up to 1.5 s late)
+    by_t0: dict[float, list[ClientPlan]] = {}
+    for p in plans:
+        by_t0.setdefault(p.t0, []).append(p)
+    users: list[asyncio.Task] = []
+    try:
+        for t0 in sorted(by_t0):
+            await asyncio.sleep(max(0.0, origin + t0 - time.time()))
+            users += [asyncio.ensure_future(_user(p, cfg, clients[p.user], origin, names[p.user], out))
+                      for p in by_t0[t0]]
+        await asyncio.gather(*users)
+    finally:
+        for t in users:
+            t.cancel()
+        for c in clients.values():
+            await c.aclose()
     events = [e for o in out.values() for e in o["events"]]
     m = metrics_from_events(events, cfg.seds)
     task_times = {names[p.user]: p.task_time for p in plans}

@@ -110,7 +110,8 @@ class ScenarioSim(ProcessClock):
         self.start_of: dict[str, float] = {}
         self.wakeups: dict[str, float] = {}
         self.touched: set[str] = set()
-        self.grace = any(getattr(s.policy, "kill_grace", 0.0) > 0.0 for s in self.sed_of.values())
+        self.grace = any(getattr(s.policy, "kill_grace", 0.0) > 0.0 or getattr(s.policy, "gather", 0.0) > 0.0
+                         for s in self.sed_of.values())
         pol = next(iter(self.sed_of.values())).policy
         # the scheduler's own CPU per queued request and event (FCFS's arrival-order path is O(1))
         self.sched = 0.0 if getattr(pol, "arrival_order", False) else (

@@ -1,0 +1,58 @@
+"""``gather`` on a real SeD (ethic queue): an idle SeD that receives optional
+calls of one user and, a few milliseconds later, a mandatory call of another
+runs the mandatory one first and kills nothing; without it the optional call
+starts at once and is preempted."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import gridrpc
+from gridrpc.client.aio import AsyncClient
+from gridrpc.testing import LoopThread, example_sed
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _scenario(queue_options: dict) -> tuple[dict, dict]:
+    lt = LoopThread()
+    sed = example_sed("g", None, ["sleep"], queue="ethic", queue_options=queue_options)
+    lt.run(sed.start())
+
+    async def run():
+        async with AsyncClient(None, user="a") as a, AsyncClient(None, user="b") as b:
+            opt = a.submit_nowait("sleep", 0.3, optional=True, server=sed.address)
+            await asyncio.sleep(0.01)
+            mand = b.submit_nowait("sleep", 0.05, server=sed.address)
+            got = {}
+            for name, call in (("optional", opt), ("mandatory", mand)):
+                try:
+                    await call
+                    got[name] = ("done", call.timing.get("started"))
+                except gridrpc.GridRPCError as exc:
+                    got[name] = (type(exc).__name__, None)
+            return got
+    try:
+        return lt.run(run()), dict(sed.stats)
+    finally:
+        lt.run(sed.aclose())
+        lt.close()
+
+
+def test_without_gather_the_optional_call_is_preempted():
+    got, stats = _scenario({})
+    assert got["optional"][0] == "CallPreempted" and got["mandatory"][0] == "done"
+    assert stats.get("preempted") == 1
+
+
+def test_with_gather_the_mandatory_call_goes_first_and_nothing_is_killed():
+    got, stats = _scenario({"gather": 0.05})
+    assert got == {"optional": ("done", got["optional"][1]), "mandatory": ("done", got["mandatory"][1])}
+    assert got["mandatory"][1] < got["optional"][1]        # the held optional call started after it
+    assert not stats.get("preempted")
+
+
+def test_gather_is_refused_on_a_fcfs_queue():
+    with pytest.raises(gridrpc.GridRPCError):
+        example_sed("f", None, ["sleep"], queue="fcfs", queue_options={"gather": 0.05})

@@ -56,3 +56,35 @@ def test_with_gather_the_mandatory_call_goes_first_and_nothing_is_killed():
 def test_gather_is_refused_on_a_fcfs_queue():
     with pytest.raises(gridrpc.GridRPCError):
         example_sed("f", None, ["sleep"], queue="fcfs", queue_options={"gather": 0.05})
+
+
+def test_users_of_one_process_send_every_mandatory_call_before_any_optional_one():
+    """run_optional / drive: the mandatory calls leave in their own batch, so two users starting
+    together reach the SeD mandatory, mandatory, then the optional calls; before, the first
+    user's batch (its mandatory and optional calls) came whole before the second user's."""
+    import time
+    from gridrpc.client.call import ServerInfo
+    from gridrpc.client.optional import drive
+    from gridrpc.core.dispatcher import OptionalDispatcher
+    lt = LoopThread()
+    sed = example_sed("o", None, ["sleep"], queue="ethic", max_concurrent=8)
+    lt.run(sed.start())
+
+    async def run():
+        async with AsyncClient(None, user="a") as a, AsyncClient(None, user="b") as b:
+            servers = [ServerInfo("o", sed.address)]
+            dl = time.time() + 1.0
+            da = OptionalDispatcher([0.05], iter([0.05] * 3), dl, ["o"])
+            db = OptionalDispatcher([0.05], iter([0.05] * 3), dl, ["o"])
+            ca, cb = await asyncio.gather(drive(a, "sleep", da, servers), drive(b, "sleep", db, servers))
+            return {f"a-{k}": c for k, c in ca.items()} | {f"b-{k}": c for k, c in cb.items()}
+    try:
+        calls = lt.run(run())
+    finally:
+        lt.run(sed.aclose())
+        lt.close()
+    first = {k: c.timing.get("received") for k, c in calls.items() if c.timing.get("received")}
+    mand = [t for k, t in first.items() if k.split("-")[1].startswith("m")]
+    opt = [t for k, t in first.items() if k.split("-")[1].startswith("o")]
+    assert len(mand) == 2 and opt, first
+    assert max(mand) <= min(opt), first

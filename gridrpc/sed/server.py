@@ -149,6 +149,7 @@ class SeD(CallsMixin):
         self._in_flight: dict[str, int] = {}
         self._acks: dict[int, list] = {}     # held ACCEPTEDs by slot of ACK_SLOT s (calls.py)
         self._freed_by_cancel = False       # this read's cancels stopped running calls (calls.py)
+        self._paused_calls = 0              # calls admitted since the queues were paused (calls.py)
         self._resume_timer: asyncio.TimerHandle | None = None   # queues resume after CANCEL_GRACE
         self.uplink: EventsUplink | None = None
         self.closed = asyncio.Event()

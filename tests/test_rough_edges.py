@@ -407,6 +407,35 @@ def test_ctrl_c_of_deploy_up_exits_130_and_stops_everything(tmp_path):
     assert no_survivors(mark) == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_an_experiment_stops_its_tree(tmp_path, sig):
+    """The experiment's MA, SeD processes and workers live in their own sessions: SIGTERM or
+    Ctrl-C of `gridrpc experiment ethic` must stop them (SIGTERM left 141 processes behind)."""
+    mark = uuid.uuid4().hex
+    p = subprocess.Popen([*PY, "experiment", "ethic", "--scenario", "night-simultaneous", "--seds", "4",
+                          "--clients", "3", "--time-scale", "0.5", "--runs", "2", "--json", str(tmp_path / "e.json")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "GRIDRPC_TEST_MARK": mark})
+    err = Reader(p.stderr)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                "experiments.tree" in " ".join(q.cmdline()) for q in marked(mark) if q.pid != p.pid):
+            time.sleep(0.2)
+        time.sleep(3.0)                                   # the run is under way
+        assert p.poll() is None, err.text
+        p.send_signal(sig)
+        p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err.text
+    assert "interrupted" in err.text and "Traceback" not in err.text
+    assert no_survivors(mark, within=15.0) == []
+    assert not (tmp_path / "e.json").exists()
+
+
 # -- loadtest ----------------------------------------------------------------------------
 def test_loadtest_without_locust_says_how_to_install(monkeypatch, capsys):
     from gridrpc.cli import main

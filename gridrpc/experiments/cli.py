@@ -91,7 +91,21 @@ def cmd_ethic(a: argparse.Namespace) -> int:
         res = run_simulated(cfg, overheads=overheads, client_processes=a.client_processes or 1,
                             horizon=a.horizon, progress=lambda s: print(s, file=sys.stderr))
     else:
-        res = run_experiment(cfg, progress=lambda s: print(s, file=sys.stderr))
+        # SIGTERM as Ctrl-C: the tree's processes live in their own sessions and are stopped only by
+        # run_experiment's way out (a plain SIGTERM left the MA, 2 SeD processes and 138 workers)
+        import signal
+
+        def _term(_signum, _frame):
+            raise KeyboardInterrupt
+        old = signal.signal(signal.SIGTERM, _term)
+        try:
+            res = run_experiment(cfg, progress=lambda s: print(s, file=sys.stderr))
+        except KeyboardInterrupt:
+            print("gridrpc experiment ethic: interrupted; the experiment's tree is stopped, nothing written",
+                  file=sys.stderr)
+            return 130
+        finally:
+            signal.signal(signal.SIGTERM, old)
     events = a.events or (a.json[:-5] if a.json.endswith(".json") else a.json) + ".events.jsonl"
     write_outputs(res, a.json, events)
     print(f"unhappy_users {res['unhappy_users']:g}")

@@ -254,8 +254,7 @@ async def run_once(cfg: EthicConfig, ma: str, run: int, seed: int) -> dict[str, 
     finally:
         for t in users:
             t.cancel()
-        for c in clients.values():
-            await c.aclose()
+        await asyncio.gather(*(c.aclose() for c in clients.values()), return_exceptions=True)
     events = [e for o in out.values() for e in o["events"]]
     m = metrics_from_events(events, cfg.seds)
     task_times = {names[p.user]: p.task_time for p in plans}

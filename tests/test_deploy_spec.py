@@ -320,25 +320,26 @@ def test_client_takes_one_key_per_master_agent(tmp_path):
         AsyncClient(["tcp://h:1", "tcp://h:2", "tcp://h:3"], keys=str(store.dir), key="alice", ma_key="MA1,MA2")
 
 
-def test_prestart_workers_reaches_the_sed_command_line_and_is_checked(tmp_path):
+def sed_command(tmp_path, spec, name: str) -> list[str]:
     from gridrpc.deploy.runner import Deployment
-    spec = load(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, replicas: 4, prestart_workers: 4}")))
-    assert spec.element("sed-1").options["prestart_workers"] == 4
     d = Deployment(spec, state_dir=str(tmp_path / "state"))
     d.addresses.update(MA="tcp://a:1", LA1="tcp://b:2")
-    cmd = d.command(spec.element("sed-1"))
+    return d.command(spec.element(name))
+
+
+def test_prestart_workers_reaches_the_sed_command_line_and_is_checked(tmp_path):
+    spec = load(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, replicas: 4, prestart_workers: 4}")))
+    assert spec.element("sed-1").options["prestart_workers"] == 4
+    cmd = sed_command(tmp_path, spec, "sed-1")
     assert cmd[cmd.index("--prestart-workers") + 1] == "4"
     msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, prestart_workers: -2}"), "b.yaml"))
     assert "seds[0].prestart_workers" in msg
 
 
 def test_gather_needs_the_ethic_queue_and_reaches_the_command_line(tmp_path):
-    from gridrpc.deploy.runner import Deployment
     spec = load(write(tmp_path, GOOD.replace("kill_grace: 1.5", "kill_grace: 1.5\n    gather: 0.02")))
     assert spec.element("sed-2").options["gather"] == 0.02
-    d = Deployment(spec, state_dir=str(tmp_path / "state"))
-    d.addresses.update(MA="tcp://a:1", LA1="tcp://b:2")
-    cmd = d.command(spec.element("sed-2"))
+    cmd = sed_command(tmp_path, spec, "sed-2")
     assert cmd[cmd.index("--gather") + 1] == "0.02"
     msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", "queue: fcfs, gather: 0.02}"), "f.yaml"))
     assert "seds[0].gather" in msg and "applies to queue 'ethic' only" in msg

@@ -63,6 +63,17 @@ def no_survivors(mark: str, within: float = 5.0) -> list:
         time.sleep(0.2)
 
 
+def signal_and_wait(p: subprocess.Popen, sig: int, timeout: float = 60.0) -> None:
+    """Send ``sig`` and wait for the process; kill it if it outlives ``timeout``."""
+    try:
+        p.send_signal(sig)
+        p.wait(timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 class Reader:
     """Collect a process's output lines in a thread; wait for a pattern."""
 
@@ -394,14 +405,9 @@ def test_ctrl_c_of_deploy_up_exits_130_and_stops_everything(tmp_path):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "GRIDRPC_TEST_MARK": mark})
     err = Reader(p.stderr)
-    try:
-        assert err.wait_for(r"MA on localhost: serving at", 30), err.lines
-        p.send_signal(signal.SIGINT)
-        p.wait(60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    up = err.wait_for(r"MA on localhost: serving at", 30)
+    signal_and_wait(p, signal.SIGINT)
+    assert up, err.lines
     assert p.returncode == 130, err.text
     assert "Traceback" not in err.text
     assert no_survivors(mark) == []
@@ -417,19 +423,14 @@ def test_stopping_an_experiment_stops_its_tree(tmp_path, sig):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "GRIDRPC_TEST_MARK": mark})
     err = Reader(p.stderr)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not any(
-                "experiments.tree" in " ".join(q.cmdline()) for q in marked(mark) if q.pid != p.pid):
-            time.sleep(0.2)
-        time.sleep(3.0)                                   # the run is under way
-        assert p.poll() is None, err.text
-        p.send_signal(sig)
-        p.wait(60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(
+            "experiments.tree" in " ".join(q.cmdline()) for q in marked(mark) if q.pid != p.pid):
+        time.sleep(0.2)
+    time.sleep(3.0)                                       # the run is under way
+    running = p.poll() is None
+    signal_and_wait(p, sig)
+    assert running, err.text
     assert p.returncode == 130, err.text
     assert "interrupted" in err.text and "Traceback" not in err.text
     assert no_survivors(mark, within=15.0) == []

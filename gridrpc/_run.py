@@ -13,6 +13,7 @@ before the error propagates.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -61,6 +62,16 @@ def _say(line: str) -> None:
         pass
 
 
+def settle_gc() -> None:
+    """What start-up made (modules, the daemon's tables) lives as long as the process: take it out
+    of the cyclic GC's walks. A SeD process holding 7,000 queued calls (the scale experiment) paused
+    its loop 40-140 ms per full collection, and every call ending meanwhile waited: half of each
+    pause was walking start-up objects (measured in one process: median 86 -> 38 ms). Worker
+    processes forked later inherit it (their pages stay shared longer, too)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_daemon(daemon, ready: "callable | None" = None) -> None:
     """Serve until SIGTERM (returns) or SIGINT (exits 130 after a clean stop).
     Exceptions from ``daemon.start()`` propagate after ``aclose()``."""
@@ -85,6 +96,7 @@ def run_daemon(daemon, ready: "callable | None" = None) -> None:
                 log.debug("closing after a failed start", exc_info=True)
             raise
         try:
+            settle_gc()
             _say(describe(daemon))
             if ready:
                 ready(daemon)

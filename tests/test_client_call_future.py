@@ -136,3 +136,4 @@ def test_failures_nobody_looked_at_are_not_logged_by_asyncio(sed_and_loop):
 async def settle_loop():
     import asyncio
     await asyncio.sleep(0.05)
+

@@ -80,3 +80,38 @@ def test_dispatch_errors_and_statistics():
     assert st["received"] == 6 and st["bad_messages"] == 3 and st["handler_errors"] == 1
     assert st["unhandled_types"] == 1 and st["by_type"]["ping"] == 1
     assert len(rejected) == 2 and "JSON" in rejected[0] and "'id'" in rejected[1]   # the owner is told
+
+
+def test_a_handler_can_end_the_drain_after_its_message():
+    """Channel.end_drain: the rest of what the socket holds is read at the next loop iteration,
+    after what became ready meanwhile (a SeD's started calls reach their workers in a burst)."""
+    import asyncio
+    import zmq
+    from gridrpc.transport.channel import Channel
+    from gridrpc.transport.channel import context
+
+    async def run():
+        ctx = context()
+        a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+        a.bind("inproc://end-drain-test")
+        b.connect("inproc://end-drain-test")
+        order: list = []
+        ch = None
+
+        def on_message(frames):
+            order.append(bytes(frames[0].bytes))
+            if order == [b"1"]:
+                ch.end_drain = True
+                asyncio.get_running_loop().call_soon(order.append, "between")
+        for x in (b"1", b"2", b"3"):
+            a.send(x)
+        await asyncio.sleep(0.05)
+        ch = Channel(b, on_message, name="test")
+        for _ in range(100):
+            if len(order) >= 4:
+                break
+            await asyncio.sleep(0.01)
+        ch.close()
+        a.close(0)
+        return order
+    assert asyncio.run(run()) == [b"1", "between", b"2", b"3"]

@@ -36,9 +36,10 @@ log = logging.getLogger("gridrpc.sed.server")
 #: after a read of the socket whose cancels freed running slots, the next calls start this
 #: much later (cancels of users sent together reach the SeD in several reads)
 CANCEL_GRACE = 0.002
-#: a read that admits this many calls lets the queues start work then, and pauses again for the
-#: rest: a burst of 100 users' batches (7,000 calls for one SeD process) read at once kept every
-#: replica idle for the ~0.3 s the whole read took to admit
+#: a read that admits this many calls lets the queues start work then, pauses again for the rest
+#: of the message and ends the read after it (the next read comes at the next loop iteration, after
+#: the started calls reached their workers): a burst of 100 users' batches (7,000 calls for one SeD
+#: process) read at once kept every replica idle for the ~0.3 s the whole read took to admit
 PAUSE_CALLS = 256
 
 
@@ -145,6 +146,8 @@ class CallsMixin:
                 self._paused_calls = 0
                 self._resume_now()
                 self.lifecycle.pause()
+                if self.endpoint.channel is not None:
+                    self.endpoint.channel.end_drain = True
         if self.calls.get(cid) is not call:
             return
         starts = call.state is CallState.RUNNING or (

@@ -152,6 +152,9 @@ class Channel:
         self._check_scheduled = False
         self._draining = False
         self.closed = False
+        #: set by a handler to end the current drain after this message (the rest waits for the
+        #: next loop iteration): a SeD lets its started calls reach their workers during a burst
+        self.end_drain = False
         self.loop.add_reader(self._fd, self._drain)
         self._schedule_check()
 
@@ -199,6 +202,9 @@ class Channel:
                     self.on_message(frames)
                 except Exception:  # a handler bug must not kill the daemon
                     log.exception("%s: error while handling a message", self.name)
+                if self.end_drain:
+                    self.end_drain = False
+                    break
         finally:
             self._draining = False
             if began:

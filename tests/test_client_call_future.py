@@ -38,7 +38,8 @@ def test_no_thread_future_until_a_thread_asks(sed_and_loop):
     assert lt.run(gather()) == [i + 1 for i in range(20)]
     assert all(x._cf is None for x in calls)            # loop code never made one
     assert all(x.done() for x in calls)
-    assert calls[3].result(timeout=5) == 4 and calls[3]._cf is not None and calls[3]._cf.done()
+    assert calls[3].result(timeout=5) == 4 and calls[3]._cf is None    # read from the finished task
+    assert calls[5].add_done_callback(lambda _c: None) is None and calls[5]._cf is not None
     assert calls[4].exception(timeout=5) is None and not calls[4].cancelled()
     done, pending = gridrpc.wait(calls, timeout=5)
     assert len(done) == 20 and not pending
@@ -137,3 +138,46 @@ async def settle_loop():
     import asyncio
     await asyncio.sleep(0.05)
 
+
+
+def test_cancel_calls_keeps_an_answer_already_received_and_checks_ownership_first(sed_and_loop):
+    lt, sed, c = sed_and_loop
+    call = lt.call(lambda: c.submit_nowait("sleep", 30, server=sed.address))
+    other = AsyncClient(None)
+    lt.run(other.start())
+    try:
+        foreign = lt.call(lambda: other.submit_nowait("sleep", 30, server=sed.address))
+        lt.run(_wait_all_sent([call, foreign]))
+        with pytest.raises(ValueError, match="nothing was cancelled"):
+            lt.run(c.cancel_calls([call, foreign]))
+        assert not call.done() and not foreign.done()
+        lt.run(other.cancel_calls([foreign], timeout=10))
+
+        async def answered_then_cancelled():
+            # the RESULT was read (the machine is done) but the call's task has not resumed yet
+            flight = call._flight
+            c._driver.feed(flight, _result_event(flight))
+            return await c.cancel_calls([call], timeout=5)
+        lt.run(answered_then_cancelled())
+        assert call.result(timeout=5) == 42.0
+    finally:
+        lt.run(other.aclose())
+
+
+def _result_event(flight):
+    from gridrpc.core.call_types import Result
+    return Result(flight.machine.id, 42.0, {}, None)
+
+
+def test_callbacks_run_on_the_loop_not_in_the_asking_thread(sed_and_loop):
+    lt, sed, c = sed_and_loop
+    call = lt.call(lambda: c.submit_nowait("add", 1, 2, server=sed.address))
+    where: list = []
+    call.add_done_callback(lambda _c: where.append(threading.current_thread().name))
+    assert call.result(timeout=10) == 3
+    for _ in range(200):
+        if where:
+            break
+        import time
+        time.sleep(0.01)
+    assert where and where != [threading.current_thread().name]

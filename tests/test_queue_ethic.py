@@ -348,3 +348,19 @@ def test_gather_zero_is_the_papers_sed_and_bad_values_are_refused():
             EthicPolicy(**kw)
     with pytest.raises(ValueError):
         make_policy("fcfs", gather=0.1)
+
+
+def test_gather_does_not_hold_requests_that_waited_through_a_busy_period():
+    s = SedScheduler(EthicPolicy(gather=0.2), rng=random.Random(0))
+    assert s.submit(req("m", "a", False, 0.0), 0.0) == [Start("m")]
+    s.submit(req("b1", "b", True, 0.90), 0.90)
+    s.submit(req("c1", "c", True, 0.95), 0.95)
+    out = s.finished("m", 1.0)                   # both were here before the SeD went idle: no hold
+    assert len(out) == 1 and out[0].request_id in {"b1", "c1"}
+
+
+def test_gather_max_follows_a_long_gather():
+    assert EthicPolicy(gather=1.0).gather_max == 1.0
+    assert EthicPolicy(gather=0.02).gather_max == 0.5
+    with pytest.raises(ValueError, match="gather is 1.0"):
+        EthicPolicy(gather=1.0, gather_max=0.5)

@@ -50,8 +50,6 @@ class Call:
         condition, for loop code that never looks at them)."""
         f = self._cf
         if f is not None:
-            if not f.done() and self._task is not None and self._task.done():
-                self._mirror(self._task)        # finished: its callback may not have run yet
             return f
         with _CF_LOCK:
             if self._cf is not None:
@@ -61,17 +59,37 @@ class Call:
             self._cf = f
         if task is None:
             return f                            # a direct await's Call: never handed out
-        if task.done():
-            self._mirror(task)
-        elif self._in_loop():
-            task.add_done_callback(self._mirror)
+        if self._in_loop():
+            task.add_done_callback(self._mirror)    # done callbacks run on the loop, as they always did
         else:
             try:
-                self._loop.call_soon_threadsafe(task.add_done_callback, self._mirror)
-            except RuntimeError:                # the loop is closed: the task will never finish
-                if not f.done():
+                self._loop.call_soon_threadsafe(self._watch)
+            except RuntimeError:                # the loop is closed: nothing will run there again
+                if task.done():
+                    self._mirror(task)
+                elif not f.done():
                     f.set_exception(CallCancelled(f"call to {self.service} cancelled: its client is closed"))
         return f
+
+    def _watch(self) -> None:
+        """On the loop: mirror the task into the thread-side future when it ends (at once if it has)."""
+        task = self._task
+        if task.done():
+            self._mirror(task)
+        else:
+            task.add_done_callback(self._mirror)
+
+    def _settled(self):
+        """For a finished task, read in any thread without completing the thread-side future (its
+        callbacks are the loop's to run): ``(True, value)`` or ``(False, exception)``; None if
+        not finished."""
+        task = self._task
+        if task is None or not task.done():
+            return None
+        if task.cancelled():
+            return False, CallCancelled(f"call to {self.service} cancelled")
+        exc = task.exception()
+        return (False, exc) if exc is not None else (True, task.result())
 
     def _mirror(self, task: asyncio.Task) -> None:
         f = self._cf
@@ -97,6 +115,12 @@ class Call:
     def result(self, timeout: float | None = None):
         if self._in_loop() and not self.done():
             raise RuntimeError("Call.result() would block the event loop; use 'await call' instead")
+        settled = self._settled()
+        if settled is not None:
+            ok, value = settled
+            if ok:
+                return value
+            raise value
         f = self._future()
         try:
             return f.result(timeout)
@@ -111,7 +135,7 @@ class Call:
         try:
             self.result(timeout)
         except Timeout as exc:
-            if not self._future().done():
+            if not self.done():
                 raise                   # not finished in time
             return exc                  # the call itself failed with Timeout
         except BaseException as exc:  # noqa: BLE001
@@ -125,7 +149,10 @@ class Call:
         return self._cf is not None and self._cf.done()
 
     def cancelled(self) -> bool:
-        return self.done() and isinstance(self._future().exception(), CallCancelled)
+        settled = self._settled()
+        if settled is None:
+            return self._cf is not None and self._cf.done() and isinstance(self._cf.exception(), CallCancelled)
+        return not settled[0] and isinstance(settled[1], CallCancelled)
 
     def cancel(self, timeout: float = 5.0) -> bool:
         """Stop the call: removed from the server's queue or its worker killed.
@@ -157,7 +184,7 @@ class Call:
             raise Timeout(f"call to {self.service} not finished after {timeout}s") from None
         except asyncio.CancelledError:
             if self.done():
-                return self._future().result()
+                return self.result()
             raise
 
     async def acancel(self) -> bool:

@@ -108,6 +108,7 @@ class SedScheduler:
     _seq: int = 0
     _in_submit_order: bool = True        # arrivals came with non-decreasing submit times
     _last_submitted: float = float("-inf")
+    _idle_since: float = float("-inf")   # when the last running request ended (a gather counts from it)
     _paused: bool = False                # between pause() and resume(): nothing starts
     _dirty: bool = False                 # something changed while paused
 
@@ -197,6 +198,8 @@ class SedScheduler:
         start = self.running.pop(request_id, None)
         if req is not None and start is not None:
             self.allocated[req.user] = self.allocated.get(req.user, 0.0) + max(0.0, now - start)
+            if not self.running:
+                self._idle_since = now
         if not self.requests:
             self._in_submit_order, self._last_submitted = True, float("-inf")
 
@@ -220,8 +223,13 @@ class SedScheduler:
             return started
         if not self.running:
             hold = getattr(self.policy, "hold_until", None)     # e.g. ethic's gather: a burst is ranked whole
-            if hold is not None and hold(list(self.requests.values()), self.running, now) is not None:
-                return []
+            if hold is not None:
+                reqs = list(self.requests.values())
+                # only a burst that came while the SeD was idle: requests that waited through a busy
+                # period are all here already
+                if (hold(reqs, self.running, now) is not None
+                        and min(r.submitted for r in reqs) >= self._idle_since):
+                    return []
         order = self.policy.order(list(self.requests.values()), self.running,
                                   self.user_allocation(now), now, self.rng)
         front = {r.id for r in order[: self.max_concurrent]}

@@ -77,7 +77,9 @@ Trade-offs
   behaviour; ``gather_max``, default 0.5 s). An idle SeD (nothing running)
   whose waiting requests are all optional starts none of them while
   optional requests keep arriving less than ``gather`` apart, and at most
-  ``gather_max`` after the first: users who arrive together are then ranked
+  ``gather_max`` (default ``max(0.5, gather)``) after the first that arrived
+  while it was idle (requests that waited through a busy period are ranked
+  at once when it ends): users who arrive together are then ranked
   together (rules 1-5) instead of in the order the SeD happened to read
   them. Without it, the user whose calls are read first takes every idle
   SeD, and the others' mandatory requests, read a few milliseconds later,
@@ -117,15 +119,17 @@ class EthicPolicy:
 
     def __init__(self, kill_grace: float = 0.0, accounting: str = "cumulative",
                  forget_after: float = 3600.0, rejoin_grace: float = 1.0,
-                 gather: float = 0.0, gather_max: float = 0.5) -> None:
+                 gather: float = 0.0, gather_max: float | None = None) -> None:
         kill_grace = float(kill_grace)
         if not kill_grace >= 0.0:          # also rejects NaN
             raise ValueError(f"kill_grace must be >= 0, got {kill_grace!r}")
-        gather, gather_max = float(gather), float(gather_max)
+        gather = float(gather)
         if not 0.0 <= gather <= 60.0:
             raise ValueError(f"gather must be in [0, 60] seconds, got {gather!r}")
+        gather_max = max(0.5, gather) if gather_max is None else float(gather_max)
         if not gather <= gather_max <= 600.0:
-            raise ValueError(f"gather_max must be in [gather, 600] seconds, got {gather_max!r}")
+            raise ValueError(f"gather_max must be in [gather, 600] seconds (gather is {gather!r}), "
+                             f"got {gather_max!r}")
         self.gather, self.gather_max = gather, gather_max
         if accounting not in self.ACCOUNTING:
             raise ValueError(f"accounting must be one of {', '.join(self.ACCOUNTING)}, got {accounting!r}")

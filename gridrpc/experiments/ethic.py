@@ -71,6 +71,10 @@ class EthicConfig:
             raise ValueError("--n-submit only makes sense with --legacy")
         if self.seds < 1 or self.runs < 1 or self.time_scale <= 0:
             raise ValueError("need seds >= 1, runs >= 1, time_scale > 0")
+        if self.gather and self.legacy:
+            raise ValueError("--gather applies to the ethic queue, not to --legacy")
+        from ..core.queue import make_policy
+        make_policy(self.queue, **self.queue_options)       # every queue option checked here, with its message
 
     @property
     def queue(self) -> str:
@@ -278,13 +282,13 @@ def run_experiment(cfg: EthicConfig, *, progress=print) -> dict[str, Any]:
         asyncio.run(_warm_up(tree.ma_address, cfg))
         runs = []
         for i in range(cfg.runs):
-            c0, t0 = tree.cpu(), time.monotonic()
-            me0 = sum(me.cpu_times()[:2])
             # the earlier runs' results (~90,000 event dicts) stay in this process: frozen, the
             # cyclic GC does not walk them again. Unfrozen, a full collection set off by the next
             # burst of allocations stalled the users' arrival by ~0.9 s in every run after the first
             gc.collect()
             gc.freeze()
+            c0, t0 = tree.cpu(), time.monotonic()
+            me0 = sum(me.cpu_times()[:2])
             try:
                 r = asyncio.run(run_once(cfg, tree.ma_address, i, cfg.seed + i))
             finally:

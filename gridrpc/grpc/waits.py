@@ -24,7 +24,9 @@ def _pick(sessions: list[_Session]) -> _Session | None:
     done = [s for s in sessions if s.done()]
     if not done:
         return None
-    return min(done, key=lambda s: (s.collected, s.done_seq or 0, s.id))
+    # a session whose task just ended may not have its done_seq yet (its callback runs on the
+    # client's loop): after every session that has one
+    return min(done, key=lambda s: (s.collected, s.done_seq if s.done_seq is not None else float("inf"), s.id))
 
 
 @_api(pair=True)

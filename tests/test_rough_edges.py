@@ -413,6 +413,94 @@ def test_ctrl_c_of_deploy_up_exits_130_and_stops_everything(tmp_path):
     assert no_survivors(mark) == []
 
 
+class _MemoryLauncher:
+    """Stands for the local launcher of ``deploy up``: "starts" elements in memory, READY at once."""
+    launcher_name = "local"
+    host = "localhost"
+
+    def __init__(self) -> None:
+        self.running: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._next = 900000
+
+    def start_many(self, items, pattern, timeout, on_started=None):
+        from gridrpc.deploy.launchers import BatchResult, Started
+        out = {}
+        for name, command in items:
+            with self._lock:
+                self._next += 1
+                st = Started(launcher="local", host="localhost", pid=self._next, log_path="",
+                             command=tuple(command), name=name)
+                self.running[st.pid] = name
+            if on_started:
+                on_started(name, st)
+            out[name] = BatchResult(name, st, 'READY {"address": "tcp://127.0.0.1:9"}')
+        return out
+
+    def stop_many(self, started, timeout=10.0):
+        with self._lock:
+            return {st.pid: "terminated" if self.running.pop(st.pid, None) else "not-running" for st in started}
+
+    def close(self) -> None:
+        pass
+
+
+def test_ctrl_c_as_a_level_starts_its_threads_leaves_nothing_started(tmp_path, monkeypatch):
+    """The flaky Ctrl-C above, made deterministic: the interrupt lands while the thread pool of
+    LA1's level is starting a thread (after the thread began, before the pool knew it), and that
+    thread gets going only once ``up`` has rolled back. It used to start LA1 then, after the
+    roll-back: LA1 ran on, recorded in the state, while ``up`` said everything had been stopped."""
+    from gridrpc.deploy.cli import once_interruptible
+    from gridrpc.deploy.runner import Deployment
+    from gridrpc.deploy.spec import parse
+    from gridrpc.deploy.state import DeployError
+    spec = parse({"name": "intr", "master_agent": {"name": "MA", "port": 0},
+                  "local_agents": [{"name": "LA1", "parent": "MA"}]}, name="intr")
+    lines: list[str] = []
+    d = Deployment(spec, state_dir=tmp_path / "st", progress=lines.append)
+    fake = _MemoryLauncher()
+    d._make_launcher = lambda host_spec: fake         # never a real process, even after close()
+    rolled_back = threading.Event()
+    roll_back = d._roll_back
+
+    def roll_back_then_tell() -> None:
+        roll_back()
+        rolled_back.set()
+    d._roll_back = roll_back_then_tell
+
+    late: list[threading.Thread] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if late or threading.current_thread() is not threading.main_thread() or "MA" not in d.started:
+            return real_start(thread)
+        run = thread.run
+
+        def run_late() -> None:            # a loaded machine: this thread gets the CPU only now
+            rolled_back.wait(10)
+            run()
+        thread.run = run_late
+        late.append(thread)
+        real_start(thread)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, as the pool of LA1's level starts a thread
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    try:
+        with pytest.raises(DeployError, match="interrupted"):
+            with once_interruptible():
+                d.up()
+    finally:
+        monkeypatch.undo()
+        for t in late:
+            t.join(15)
+        d.close()
+    assert late, "the interrupt was never raised"
+    assert not late[0].is_alive()
+    assert any("serving at" in x and "MA" in x for x in lines), lines
+    assert fake.running == {}, lines
+    assert d.started == {} and not (tmp_path / "st" / "state.json").exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_an_experiment_stops_its_tree(tmp_path, sig):
     """The experiment's MA, SeD processes and workers live in their own sessions: SIGTERM or

@@ -42,12 +42,42 @@ def host_key(host: str) -> str:
 
 def per_host(task: Callable, hosts: Iterable) -> list:
     """``task(host)`` for every host, in parallel (one thread per host, 16 at
-    most); the results in the order of ``hosts``."""
+    most); the results in the order of ``hosts``.
+
+    No task runs behind the caller's back: if the caller is interrupted (Ctrl-C
+    raises KeyboardInterrupt in the main thread at any point, even while the
+    pool is starting a thread it then never tracks nor joins), the tasks not yet
+    begun are skipped and those under way are waited for before the exception
+    goes on. (A ``deploy up`` interrupted as the pool started a thread rolled
+    back, then that thread started its element: it ran on, left in the state.)"""
     hosts = list(hosts)
     if not hosts:
         return []
-    with cf.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        return list(pool.map(task, hosts))
+    gate = threading.Condition()
+    running = 0
+    cancelled = False
+
+    def guarded(host):
+        nonlocal running
+        with gate:
+            if cancelled:
+                return None
+            running += 1
+        try:
+            return task(host)
+        finally:
+            with gate:
+                running -= 1
+                gate.notify_all()
+
+    try:
+        with cf.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+            return list(pool.map(guarded, hosts))
+    except BaseException:
+        with gate:
+            cancelled = True
+            gate.wait_for(lambda: running == 0)
+        raise
 
 
 def replica_count(e: ElementSpec) -> int:

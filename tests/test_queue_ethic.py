@@ -364,3 +364,29 @@ def test_gather_max_follows_a_long_gather():
     assert EthicPolicy(gather=0.02).gather_max == 0.5
     with pytest.raises(ValueError, match="gather is 1.0"):
         EthicPolicy(gather=1.0, gather_max=0.5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcde"), st.booleans(), st.floats(0, 10)), min_size=1, max_size=12),
+       st.integers(1, 3), st.integers(0, 2**16))
+def test_the_settled_shortcut_skips_only_orders_that_decide_nothing(items, slots, seed):
+    """Whenever every slot runs and EthicPolicy.settled says so, the full order's first
+    ``slots`` requests are exactly the running ones (nothing would start or be killed),
+    whatever the random tie-break draws."""
+    class NoShortcut(EthicPolicy):
+        settled = None
+    s = SedScheduler(NoShortcut(), max_concurrent=slots, rng=random.Random(seed))
+    t, checked = 0.0, 0
+    for i, (user, optional, dt) in enumerate(items):
+        t += dt
+        s.submit(req(f"r{i}", user, optional, t), t)
+        if i % 3 == 2 and s.running:
+            s.finished(sorted(s.running)[0], t + 0.5)
+        if len(s.running) >= slots and EthicPolicy.settled(s.requests, s.running):
+            for draw in range(3):
+                order = EthicPolicy().order(list(s.requests.values()), s.running, s.user_allocation(t), t,
+                                            random.Random(draw))
+                assert {r.id for r in order[:slots]} == set(s.running)
+            checked += 1
+    waiting_mandatory = any(not r.optional and r.id not in s.running for r in s.requests.values())
+    assert EthicPolicy.settled(s.requests, s.running) is (not waiting_mandatory)

@@ -230,6 +230,9 @@ class SedScheduler:
                 if (hold(reqs, self.running, now) is not None
                         and min(r.submitted for r in reqs) >= self._idle_since):
                     return []
+        settled = getattr(self.policy, "settled", None)
+        if settled is not None and len(self.running) >= self.max_concurrent and settled(self.requests, self.running):
+            return []           # every slot busy and nothing waiting may take one: the order cannot change
         order = self.policy.order(list(self.requests.values()), self.running,
                                   self.user_allocation(now), now, self.rng)
         front = {r.id for r in order[: self.max_concurrent]}

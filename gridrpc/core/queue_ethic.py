@@ -151,6 +151,17 @@ class EthicPolicy:
         return (f"EthicPolicy(kill_grace={self.kill_grace!r}, accounting={self.accounting!r}"
                 + (f", gather={self.gather!r}" if self.gather else "") + ")")
 
+    @staticmethod
+    def settled(requests: Mapping[str, Request], running: Mapping[str, float]) -> bool:
+        """With every slot running: can the order start or kill nothing? True when no mandatory
+        request waits (only a waiting mandatory request outranks a running one, rules 1-2; a
+        waiting optional one never does). Spares the sort of a SeD's whole queue at every
+        optional arrival while it is busy (100 users keep ~100 requests in each queue)."""
+        for rid, r in requests.items():
+            if not r.optional and rid not in running:
+                return False
+        return True
+
     def hold_until(self, requests: Sequence[Request], running: Mapping[str, float], now: float) -> float | None:
         """``gather``: while an idle SeD gathers a burst of optional requests,
         the time until which nothing starts (None: start as the order says)."""

@@ -382,11 +382,12 @@ def test_the_settled_shortcut_skips_only_orders_that_decide_nothing(items, slots
         s.submit(req(f"r{i}", user, optional, t), t)
         if i % 3 == 2 and s.running:
             s.finished(sorted(s.running)[0], t + 0.5)
-        if len(s.running) >= slots and EthicPolicy.settled(s.requests, s.running):
+        if len(s.running) >= slots and EthicPolicy().settled(s.requests, s.running):
             for draw in range(3):
                 order = EthicPolicy().order(list(s.requests.values()), s.running, s.user_allocation(t), t,
                                             random.Random(draw))
                 assert {r.id for r in order[:slots]} == set(s.running)
             checked += 1
     waiting_mandatory = any(not r.optional and r.id not in s.running for r in s.requests.values())
-    assert EthicPolicy.settled(s.requests, s.running) is (not waiting_mandatory)
+    assert EthicPolicy().settled(s.requests, s.running) is (not waiting_mandatory)
+    assert EthicPolicy(accounting="virtual").settled(s.requests, s.running) is False

@@ -151,12 +151,14 @@ class EthicPolicy:
         return (f"EthicPolicy(kill_grace={self.kill_grace!r}, accounting={self.accounting!r}"
                 + (f", gather={self.gather!r}" if self.gather else "") + ")")
 
-    @staticmethod
-    def settled(requests: Mapping[str, Request], running: Mapping[str, float]) -> bool:
+    def settled(self, requests: Mapping[str, Request], running: Mapping[str, float]) -> bool:
         """With every slot running: can the order start or kill nothing? True when no mandatory
         request waits (only a waiting mandatory request outranks a running one, rules 1-2; a
         waiting optional one never does). Spares the sort of a SeD's whole queue at every
-        optional arrival while it is busy (100 users keep ~100 requests in each queue)."""
+        optional arrival while it is busy (100 users keep ~100 requests in each queue).
+        ``virtual`` accounting always orders: its evaluations also watch who is present."""
+        if self.accounting != "cumulative":
+            return False
         for rid, r in requests.items():
             if not r.optional and rid not in running:
                 return False

@@ -63,6 +63,19 @@ def no_survivors(mark: str, within: float = 5.0) -> list:
         time.sleep(0.2)
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_reaches_children():
+    """Children of these tests must start with Ctrl-C enabled, even when the test run itself was
+    started in the background: a non-interactive shell starts `cmd &` with SIGINT ignored, children
+    inherit that, and a gridrpc command then rightly ignores the test's Ctrl-C (seen: three tests
+    timing out in a run launched with `&`)."""
+    old = signal.getsignal(signal.SIGINT)
+    if old is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def signal_and_wait(p: subprocess.Popen, sig: int, timeout: float = 60.0) -> None:
     """Send ``sig`` and wait for the process; kill it if it outlives ``timeout``."""
     try:

@@ -4,6 +4,7 @@ the CPU use of every element. See docs/scalability.md.
 
     python -m benchmarks.scalability                       # the full study (24 min here)
     python -m benchmarks.scalability --quick               # sizes 1, 10, 50; 2 load steps
+    python -m benchmarks.scalability --fanout              # MA and LAs --no-view: every discovery a fan-out
     python -m benchmarks.scalability --sizes 500 --shapes flat,L2-4
     python -m benchmarks.scalability --plot-only           # redraw the PNGs from the JSON
     python -m benchmarks.scalability --compare 500 --shapes flat,L2-2,L2-4,L3-2
@@ -59,10 +60,11 @@ def shapes_for(n: int, spec: str | None, max_procs: int) -> list[Shape]:
 
 def run_config(n: int, shape: Shape, a, log) -> dict:
     res: dict = {"n": n, "shape": shape.name, "levels": shape.levels, "d": shape.d,
+                 "started": datetime.datetime.now().isoformat(timespec="seconds"),
                  "loadavg_before": os.getloadavg()[0], "git": git_version()}
     work = tmpdir(f"gridrpc-scal-{shape.name}-{n}-")
     t0 = time.monotonic()
-    with TreeProcs(shape, n, work, hb=(a.hb_interval, a.hb_timeout)) as tree:
+    with TreeProcs(shape, n, work, hb=(a.hb_interval, a.hb_timeout), fanout=a.fanout) as tree:
         tree.start(timeout=240)
         res["procs"] = len(tree.procs)
         res["start_s"] = round(time.monotonic() - t0, 1)
@@ -71,12 +73,16 @@ def run_config(n: int, shape: Shape, a, log) -> dict:
         meter.start()
         time.sleep(3.0)
         res["idle_cpu"] = meter.stop()
+        before = tree.ma_counters()
         meter.start()
         res["discovery"] = discovery_latency(tree.ma_address, a.rounds, k=3,
                                              max_seconds=a.discovery_seconds)
         res["discovery_cpu"] = meter.stop()
+        after = tree.ma_counters()
         d = res["discovery"]
-        log(f"  discovery: median {d['median_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms ({d['rounds']} rounds)")
+        d["ma_counters"] = _delta(before, after)     # the mode check: view_answers 0 with --fanout
+        log(f"  discovery: median {d['median_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms ({d['rounds']} rounds; "
+            f"{d['ma_counters']['view_answers']} of {d['ma_counters']['discoveries']} from the MA's view)")
         if a.profile and n >= a.profile_min:
             res["profile"] = _profiles(tree, n, a, work, log)
         steps = []
@@ -102,6 +108,7 @@ def run_config(n: int, shape: Shape, a, log) -> dict:
             if (st["p99_ms"] or 0) > 5000:
                 break
         res["load"] = steps
+        res["load_ma_counters"] = _delta(after, tree.ma_counters())
         res["saturation"] = saturation(steps)
         res["loadavg_after"] = os.getloadavg()[0]
     return res
@@ -132,6 +139,13 @@ def _profiles(tree: TreeProcs, n: int, a, work: Path, log) -> dict:
         if p:
             log(f"  profile {name}: " + ", ".join(f"{f} {s}%" for f, s in p["own"][:5]))
     return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    """Counters grown between two :meth:`TreeProcs.ma_counters` (the view's
+    size, ``view_snapshots``, as it is after)."""
+    return {k: (v if k == "view_snapshots" or before.get(k) is None or v is None else v - before[k])
+            for k, v in after.items()}
 
 
 def _busiest(cpu: dict) -> str:
@@ -210,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", action="store_true", help="py-spy the MA and the busiest element (large sizes)")
     ap.add_argument("--profile-min", type=int, default=500, help="profile from this many SeDs (default 500)")
     ap.add_argument("--profile-seconds", type=float, default=6.0)
+    ap.add_argument("--fanout", action="store_true",
+                    help="start the MA and the LAs with --no-view: every discovery is a fan-out, as before "
+                         "discovery from pushed state (the stored study; the simulator's validation)")
     ap.add_argument("--quick", action="store_true", help=f"sizes {','.join(map(str, QUICK_SIZES))}, users 1,4")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help=f"results JSON (default {DEFAULT_OUT.relative_to(ROOT)})")
     ap.add_argument("--plots", default=str(DEFAULT_PLOTS), help="directory for the PNGs (default docs/scalability)")
@@ -241,8 +258,22 @@ def main(argv: list[str] | None = None) -> int:
     if a.compare:
         return _compare(a, out)
     data = {"meta": meta(argv), "runs": []}
+    data["meta"]["discovery_mode"] = "fanout" if a.fanout else "view"     # fanout: MA and LAs --no-view
+    timing = data["meta"]          # where this invocation's elapsed_s goes
     if a.resume and out.exists():
-        data["runs"] = json.loads(out.read_text()).get("runs", [])
+        old = json.loads(out.read_text())
+        mode = old.get("meta", {}).get("discovery_mode", "view")
+        if mode != data["meta"]["discovery_mode"]:
+            print(f"--resume: {out} was measured with discovery_mode {mode!r}; "
+                  f"{'give' if mode == 'fanout' else 'drop'} --fanout", file=sys.stderr)
+            return 2
+        data["runs"] = old.get("runs", [])
+        if "meta" in old:          # the first run's meta stays; each resume is listed
+            resumed = dict(data["meta"])
+            data["meta"] = old["meta"]
+            data["meta"]["resumes"] = old["meta"].get("resumes", []) + [
+                {k: resumed[k] for k in ("date", "git", "command", "loadavg_start")}]
+            timing = data["meta"]["resumes"][-1]
     done = {(r["n"], r["shape"]) for r in data["runs"]}
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -262,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = {"n": n, "shape": shape.name, "levels": shape.levels, "d": shape.d,
                      "error": f"{type(exc).__name__}: {exc}"[:2000]}
             data["runs"] = [x for x in data["runs"] if (x["n"], x["shape"]) != (n, shape.name)] + [r]
-            data["meta"]["elapsed_s"] = round(time.monotonic() - t_all)
+            timing["elapsed_s"] = round(time.monotonic() - t_all)
             data["best"] = {str(k): v for k, v in best_shapes([x for x in data["runs"] if "error" not in x]).items()}
             tmp = out.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=1))

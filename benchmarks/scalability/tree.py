@@ -118,9 +118,10 @@ class TreeProcs:
 
     def __init__(self, shape: Shape, n: int, workdir: Path, hb: tuple[float, float] = (1.0, 5.0),
                  services: tuple[str, ...] = ("gridrpc.examples.services:noop", "gridrpc.examples.services:add"),
-                 env: dict | None = None):
+                 env: dict | None = None, fanout: bool = False):
         self.shape, self.n, self.workdir, self.hb, self.services = shape, n, Path(workdir), hb, services
         self.env = env            # e.g. PYTHONPATH of another checkout (benchmarks.scalability.ab)
+        self.fanout = fanout      # MA and LAs with --no-view: every discovery a fan-out (DIET's way)
         self.procs: list[Proc] = []
         self.by_name: dict[str, Proc] = {}
 
@@ -151,6 +152,8 @@ class TreeProcs:
                "--ready-file", str(ready), "--log-level", "WARNING"]
         if e.parent:
             cmd += ["--parent", self.by_name[e.parent].address]
+        if self.fanout and e.kind in ("ma", "la"):
+            cmd.append("--no-view")
         if e.kind == "sed":
             cmd += ["--replicas", str(e.replicas), "--workers", "1"]
             for s in self.services:
@@ -191,6 +194,16 @@ class TreeProcs:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"only {seen}/{self.n} SeDs registered at the MA")
                 time.sleep(0.2)
+
+    def ma_counters(self) -> dict:
+        """The MA's discovery counters: how many it answered, how many of
+        them from its pushed view, and the pushed snapshots it took or
+        dropped (``views_ignored``: --no-view)."""
+        import gridrpc
+        with gridrpc.Client(self.ma_address, discovery_timeout=5) as c:
+            load = next(e for e in c.tree() if e.get("name") == "MA").get("load") or {}
+        return {k: load.get(k) for k in ("discoveries", "view_answers", "view_snapshots", "view_updates",
+                                         "views_ignored")}
 
     def pids(self) -> dict[str, int]:
         return {p.el.name: p.pid for p in self.procs}

@@ -8,6 +8,7 @@ import argparse
 import errno
 import json
 import logging
+import math
 import os
 import sys
 
@@ -31,6 +32,35 @@ def _element_name(text: str) -> str:
             f"{text!r}: a letter or digit, then up to 63 letters, digits, '_', '.', '-' "
             "(names end up in URLs, HTML and metrics)")
     return text
+
+
+def _seconds(text: str) -> float:
+    """A finite, non-negative number of seconds (NaN, infinities and
+    negative values are refused)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number of seconds, 0 or more")
+    return v
+
+
+def _view_opts(p: argparse.ArgumentParser, root: bool) -> None:
+    """Discovery from the pushed view (docs/architecture.md, "Discovery
+    from the view"): on by default."""
+    if root:
+        p.add_argument("--no-view", dest="view", action="store_false",
+                       help="answer every discovery by the fan-out to the tree (DIET's way), never from the "
+                            "SeDs' pushed state; the snapshots children push are dropped unread")
+        p.add_argument("--view-max-age", type=_seconds, default=None, metavar="SECONDS",
+                       help="a discovery is answered from the view when every SeD offering the service pushed "
+                            "or confirmed its state within this many seconds, else by the fan-out (default 1.5; "
+                            "0: always the fan-out; a request's own max_age wins)")
+    else:
+        p.add_argument("--no-view", dest="view", action="store_false",
+                       help="keep no view of the subtree and push none to the parent: the parent finds the "
+                            "SeDs under this agent by the fan-out")
 
 
 def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
@@ -81,10 +111,12 @@ def add_daemon_parsers(sub) -> None:
     p.add_argument("--peer-busy-wait", type=float, default=None, metavar="S",
                    help="also ask the peers when every local server of the service would make a call wait "
                         "more than S seconds (est_wait); default: only for services this tree lacks")
+    _view_opts(p, root=True)
 
     p = sub.add_parser("la", help="run a Local Agent")
     _common_daemon(p, 0)
     _child_opts(p)
+    _view_opts(p, root=False)
 
     p = sub.add_parser("sed", help="run a SeD (server daemon) offering services")
     _common_daemon(p, 0)
@@ -189,6 +221,9 @@ def cmd_daemon(a: argparse.Namespace) -> int:
             peers = [p for text in a.peer for p in parse_addresses(text, what="--peer")]
             if not 0 <= a.peer_hops <= 4:
                 raise ConfigError(f"--peer-hops must be 0..4, not {a.peer_hops}")
+            if not a.view and a.view_max_age is not None:
+                raise ConfigError("--view-max-age with --no-view: no discovery is answered from the view "
+                                  "(give one or the other)")
             if "security" in hb:
                 hb["peer_keys"] = _peer_keys(hb["security"], peers, a.peer_key)
             token = None
@@ -202,13 +237,14 @@ def cmd_daemon(a: argparse.Namespace) -> int:
             d = MasterAgent(name=a.name, address=address, http_port=a.http_port, http_host=a.http_host,
                             http_token=token, events_file=a.events_file,
                             rebuild_time=a.rebuild_time, peers=peers, peer_hops=a.peer_hops,
-                            peer_busy_wait=a.peer_busy_wait, **hb)
+                            peer_busy_wait=a.peer_busy_wait, view=a.view, view_max_age=a.view_max_age, **hb)
         elif a.cmd == "la":
             if not parent:
                 print("gridrpc la: error: --parent is required", file=sys.stderr)
                 return 2
             from ..local_agent import LocalAgent
-            d = LocalAgent(name=a.name, parent=parent, address=address, orphan_timeout=a.orphan_timeout, **hb)
+            d = LocalAgent(name=a.name, parent=parent, address=address, orphan_timeout=a.orphan_timeout,
+                           view=a.view, **hb)
         else:
             a.parent = parent
             hb["access"] = _access_rules(a)

@@ -75,7 +75,9 @@ class AgentConfig:
     hb_timeout: float = 3.0         # a child silent this long is dropped
     discovery_budget: float = 2.0   # seconds, when a request gives none
     max_discoveries_per_peer: int = 512   # in flight from one connection; more are refused at once
-    view: bool = True               # the root answers from pushed state when it is fresh (core/view.py)
+    view: bool = True               # the root answers from pushed state when it is fresh (core/view.py);
+                                    # False: every discovery is a fan-out, and the agent keeps no view (drops
+                                    # its children's VIEW messages: an LA pushes none up)
     view_max_age: float = DEFAULT_MAX_AGE   # seconds a pushed snapshot counts as fresh
     view_index_min: int = VIEW_INDEX_MIN    # root: from this many SeDs for a service, a view answer walks a
                                             # kept ranking (core/view_rank.py) instead of ranking them all

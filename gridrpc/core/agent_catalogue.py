@@ -31,6 +31,7 @@ class AgentStatistics:
     view_answers: int = 0           # discoveries answered from the pushed view (no fan-out)
     view_snapshots: int = 0         # SeD snapshots in the view
     view_updates: int = 0           # snapshots received
+    views_ignored: int = 0          # VIEW messages dropped unread: views off (gridrpc ma|la --no-view)
     forwarded: int = 0              # discoveries forwarded to peer master agents (federation)
     forwarded_busy: int = 0         # of which: the local servers were all too busy
 
@@ -51,6 +52,7 @@ class _Counters:
     view_moved: int = 0             # with the kept ranking (core/view_rank.py): changed snapshots moved,
     view_sorted: int = 0            # snapshots sorted anew,
     view_walked: int = 0            # first places looked at
+    views_ignored: int = 0
     forwarded: int = 0
     forwarded_busy: int = 0
 
@@ -113,5 +115,5 @@ class Catalogue:
             discoveries_timed_out=c.discoveries_timed_out, discoveries_refused=c.discoveries_refused,
             bad_messages=c.bad_messages,
             answers_ignored=c.answers_ignored, children_lost=c.children_lost, view_answers=c.view_answers,
-            view_snapshots=len(self.view.seds), view_updates=self.view.updates,
+            view_snapshots=len(self.view.seds), view_updates=self.view.updates, views_ignored=c.views_ignored,
             forwarded=c.forwarded, forwarded_busy=c.forwarded_busy)

@@ -81,6 +81,9 @@ class Discovering:
         return self._offers[3]
 
     def _on_view(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
+        if not self.config.view:                       # views off: nothing kept, nothing pushed up
+            self.counters.views_ignored += 1
+            return []
         name = h["name"]
         child = self.registry.children.get(name)
         if child is None or child.route != peer:       # only a registered child, for its own subtree

@@ -231,6 +231,10 @@ class Deployment(StartUp, TearDown, DeploymentState):
         if e.kind in ("ma", "la"):
             for target in self.spec.aggregator_plugins:
                 cmd += ["--plugin", target]
+            if e.options.get("view") is False:
+                cmd.append("--no-view")
+            if e.kind == "ma" and e.options.get("view_max_age") is not None:
+                cmd += ["--view-max-age", f"{e.options['view_max_age']:g}"]
         o = e.options
         if e.kind == "ma" and e.http_port is not None:
             cmd += ["--http-port", str(e.http_port), "--http-host", self.bind_host(e)]

@@ -214,6 +214,10 @@ class MasterAgentModel(_Model):
     #: also ask the peers when every local server would make a call wait longer than this, s
     #: (gridrpc ma --peer-busy-wait; default: only for services the tree lacks)
     peer_busy_wait: NonNegFloat | None = None
+    #: false: answer every discovery by the fan-out, keep no pushed view (gridrpc ma --no-view)
+    view: bool | None = None
+    #: seconds a pushed snapshot counts as fresh for a view answer (gridrpc ma --view-max-age; default 1.5)
+    view_max_age: NonNegFloat | None = None
     # peer_keys against peers, and peer_hops without peers: schema.check (with the key's line)
 
 
@@ -223,6 +227,8 @@ class LocalAgentModel(_Model):
     host: Text = "localhost"
     port: Port = 0
     orphan_timeout: Orphan = None
+    #: false: keep no view of the subtree and push none up (gridrpc la --no-view): its SeDs are found by fan-out
+    view: bool | None = None
 
 
 class SedModel(_Model):

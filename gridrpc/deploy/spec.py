@@ -17,7 +17,9 @@ one redundant root, active-active (docs/reliability.md): an LA or SeD whose
 and clients are given every MA's address, comma-separated. An MA entry may
 list ``peers`` (MAs of other trees, federation: ``gridrpc ma --peer``) with
 ``peer_keys`` (security on: one per peer, same order), ``peer_hops`` and
-``peer_busy_wait``.
+``peer_busy_wait``; ``view: false`` (every discovery by the fan-out) and
+``view_max_age`` (``gridrpc ma --no-view`` / ``--view-max-age``). An LA entry
+may say ``view: false`` (``gridrpc la --no-view``).
 
 ``host`` is ``localhost`` (this machine) or a key of ``hosts``. Each host may
 give ``address`` (the IP elements bind and advertise; default 127.0.0.1 for
@@ -219,12 +221,19 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
             options["peer_hops"] = ma.peer_hops
         if ma.peer_busy_wait is not None:
             options["peer_busy_wait"] = ma.peer_busy_wait
+        if ma.view is not None:
+            options["view"] = ma.view
+        if ma.view_max_age is not None:
+            options["view_max_age"] = ma.view_max_age
         elements.append(ElementSpec(name=ma.name, kind="ma", host=ma.host, port=ma.port, http_port=ma.http_port,
                                     options=options))
     for la, raw in zip(checked.local_agents, data.get("local_agents") or []):
         ot = _orphan(la, raw)
+        options = {} if ot is _UNSET else {"orphan_timeout": ot}
+        if la.view is not None:
+            options["view"] = la.view
         elements.append(ElementSpec(name=la.name, kind="la", host=la.host, parent=la.parent, port=la.port,
-                                    options={} if ot is _UNSET else {"orphan_timeout": ot}))
+                                    options=options))
     for sed, raw in zip(checked.seds, data.get("seds") or []):
         options = {k: v for k, v in raw.items() if k not in ("name", "parent", "host", "port")}
         for key in ("services", "examples", "max_concurrent", "queue", "replicas", "workers", "prestart_workers",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import socket
@@ -49,7 +50,10 @@ class AgentRuntime:
                  max_message_size: int = DEFAULT_MAX_MESSAGE,
                  rebuild_time: float | None = None, peers: list[str] | tuple[str, ...] = (),
                  peer_keys: Mapping[str, bytes] | None = None, peer_hops: int = 2,
-                 peer_busy_wait: float | None = None) -> None:
+                 peer_busy_wait: float | None = None, view: bool = True,
+                 view_max_age: float | None = None) -> None:
+        if view_max_age is not None and not (math.isfinite(view_max_age) and view_max_age >= 0):
+            raise ValueError(f"view_max_age: a finite number of seconds >= 0, not {view_max_age!r}")
         self.name = name
         self.security = security
         self.parent_key = parent_key
@@ -63,7 +67,8 @@ class AgentRuntime:
             AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
                         discovery_budget=discovery_budget, rebuild_time=rebuild_time,
                         peers=tuple(peers) if (role is not None and role.root) else (), peer_hops=peer_hops,
-                        peer_busy_wait=peer_busy_wait),
+                        peer_busy_wait=peer_busy_wait, view=view,
+                        **({} if view_max_age is None else {"view_max_age": view_max_age})),
             role or LocalRole(), random.Random(seed))
         handle = self._on_message
         self.endpoint = Endpoint(name, address, {mt: handle for mt in AgentState.HANDLED},

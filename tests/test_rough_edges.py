@@ -531,10 +531,11 @@ def test_stopping_an_experiment_stops_its_tree(tmp_path, sig):
     time.sleep(3.0)                                       # the run is under way
     running = p.poll() is None
     signal_and_wait(p, sig)
+    survivors = no_survivors(mark, within=15.0)      # first: they are killed even when an assert fails
     assert running, err.text
     assert p.returncode == 130, err.text
     assert "interrupted" in err.text and "Traceback" not in err.text
-    assert no_survivors(mark, within=15.0) == []
+    assert survivors == []
     assert not (tmp_path / "e.json").exists()
 
 

@@ -103,10 +103,11 @@ def test_a_service_that_ignores_the_interrupt_is_killed_after_the_grace(tmp_path
         began = str(tmp_path / "began")
         try:
             task = await _started(pool, "c1", "stubborn", 30.0, began)
-            for _ in range(400):              # the service itself runs (an interrupt sent before it
-                if os.path.exists(began):     # began stops the call at once: another test)
-                    break
+            for _ in range(2000):             # the service itself runs (an interrupt sent before it
+                if os.path.exists(began):     # began stops the call at once: another test); a
+                    break                     # loaded CI host took more than 2 s once
                 await asyncio.sleep(0.005)
+            assert os.path.exists(began), "the stubborn service never began"
             pid = pool.pids()[0]
             assert pool.kill("c1") is True
             with pytest.raises(WorkerGone):

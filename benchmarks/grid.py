@@ -30,7 +30,8 @@ MB8 = 8 * 1024 * 1024
 TREE_ITEMS = ("call_discovery", "call_bound", "call_discovery_sync", "call_bound_sync",
               "throughput_bound", "throughput_discovery", "array_8mb")
 # diagnostics (no target): where the time of the items above goes
-DIAG_ITEMS = ("discover_4", "discover_4_fanout", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline")
+DIAG_ITEMS = ("discover_4", "discover_4_fanout", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline",
+              "call_discovery_ask", "throughput_discovery_ask")
 # the same tree with CURVE on every link; each compared with its plain item of the same run
 CURVE_ITEMS = ("call_discovery_curve", "call_bound_curve", "throughput_bound_curve", "array_8mb_curve")
 PLAIN_OF = {i: i.removesuffix("_curve") for i in CURVE_ITEMS}
@@ -161,6 +162,14 @@ async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str
             res["discover_4"] = await _seq(lambda: c.discover("add", 3), 50, seq_n, probe)
         if "discover_4_fanout" in items:       # max_age=0: never from the MA's pushed view
             res["discover_4_fanout"] = await _seq(lambda: c.discover("add", 3, max_age=0), 50, seq_n, probe)
+        if {"call_discovery_ask", "throughput_discovery_ask"} & items:
+            # reuse_discovery=0: every call asks the MA (the default reuses a view answer for 10 ms)
+            async with gridrpc.AsyncClient(ma, **{**(client_kw or {}), "reuse_discovery": 0}) as ask:
+                if "call_discovery_ask" in items:
+                    res["call_discovery_ask"] = await _seq(lambda: ask.call("add", 1, 2), 50, seq_n, probe)
+                if "throughput_discovery_ask" in items:
+                    res["throughput_discovery_ask"] = await _throughput(lambda: ask.call("add", 1, 2), tp_n, 256,
+                                                                        rep, probe)
         if inline:
             srv = await c.resolve(inline)
             ib = c.handle("add", server=srv)

@@ -67,9 +67,8 @@ class FanoutClient(gridrpc.AsyncClient):
     """Every discovery of this client (its calls' too) says ``max_age=0``:
     the MA always fans out to the tree."""
 
-    async def discover(self, service, max_servers=10, **kw):
-        kw["max_age"] = 0
-        return await super().discover(service, max_servers, **kw)
+    async def _discover_ranked(self, service, max_servers, aggregator, args, optional, max_age):
+        return await super()._discover_ranked(service, max_servers, aggregator, args, optional, 0)
 
 
 def spy(client: gridrpc.AsyncClient) -> dict:

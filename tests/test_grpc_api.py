@@ -198,6 +198,8 @@ def test_initialize_from_environment(config, monkeypatch, tmp_path):
     'master_agent = "tcp://127.0.0.1:5555"\nfailover = 1',
     'master_agent = "tcp://127.0.0.1:5555"\nmax_candidates = true',
     'master_agent = "tcp://127.0.0.1:5555"\naggregator = "os:system"',
+    'master_agent = "tcp://127.0.0.1:5555"\nreuse_discovery = -0.5',
+    'master_agent = "tcp://127.0.0.1:5555"\nreuse_discovery = "10ms"',
     b'master_agent = "tcp://\xff\xfe"',                          # not UTF-8
 ])
 def test_initialize_malformed_file(tmp_path, content):

@@ -128,6 +128,29 @@ def test_green_client(small_tree):
         c.call("add", 1, 2)
 
 
+def test_green_client_reuses_view_answers(small_tree):
+    """reuse_discovery (gridrpc.client.reuse) in the load-test client: calls
+    within the window take a kept view answer and ask the MA nothing."""
+    from gridrpc.loadtest.green import GreenClient
+    import gevent
+    with GreenClient(small_tree.ma_address, keep_records=True, timeout=10, reuse_discovery=30.0) as c:
+        for _ in range(200):                    # until the MA answers from its view (first pushes)
+            assert c.call("add", 1, 2) == 3
+            if c._reuse.asked:
+                break
+            c._reuse.forget()
+            gevent.sleep(0.05)
+        assert c._reuse.asked == 1
+        for i in range(10):
+            assert c.call("add", i, 1) == i + 1
+            assert c.last.kind == "call" and c.last.discover_ms == 0.0 and c.last.server
+        assert c._reuse.reused == 10 and c._reuse.in_flight == {}
+    with GreenClient(small_tree.ma_address, keep_records=True, timeout=10, reuse_discovery=0) as c:
+        for i in range(5):
+            assert c.call("add", i, 1) == i + 1 and c.last.discover_ms > 0
+        assert c._reuse is None
+
+
 def test_green_client_unreachable_ma():
     from gridrpc.loadtest.green import GreenClient
     with GreenClient("tcp://127.0.0.1:9", discovery_timeout=0.3) as c:

@@ -27,7 +27,7 @@ SECOND_WAVE = {"DataRef", "ServerLost"}
 #: the keyword options every client accepts (ClientOptions' fields)
 CLIENT_OPTIONS = ("user", "timeout", "discovery_timeout", "discovery_budget", "ack_timeout", "ping_interval",
                   "ping_timeout", "failover", "max_candidates", "max_message_size", "aggregator", "download_dir",
-                  "keys", "key", "ma_key", "retry_timeout", "share_discovery")
+                  "keys", "key", "ma_key", "retry_timeout", "share_discovery", "reuse_discovery")
 
 
 def test_all_is_pinned():

@@ -19,10 +19,11 @@ import getpass
 import os
 from typing import Any
 
+
 from ..core import codec
 from ..core import messages as m
 from ..address import parse_addresses
-from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
+from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, Fail, SendCall
 from ..core.messages import MsgType
 from ..errors import ERROR_KINDS, CallCancelled, CommunicationError, GridRPCError, MessageTooLarge
 from ..files import FileSink, read_file
@@ -32,6 +33,7 @@ from .driver import AsyncCallDriver, Flight, exception_for
 from .ids import new_id
 from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, OptionViews
+from .reuse import FORGET_KINDS, ReusedAnswers, answer_key
 
 
 def default_user() -> str:
@@ -77,6 +79,8 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         if self._security is not None:
             self.user = self._security.name         # the SeDs account calls to the key's user
         self._server_keys: dict[str, bytes] = {}    # SeD address -> public key (from the MA's answers)
+        #: view answers kept for calls (``reuse_discovery``; gridrpc.client.reuse)
+        self._reuse = ReusedAnswers(self.options.reuse_discovery) if self.options.reuse_discovery else None
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> "AsyncClient":
@@ -241,6 +245,11 @@ class AsyncClient(OptionViews, MasterAgentRequests):
             # call <-> flight is a reference cycle holding the result's buffers until the
             # cyclic GC runs (measured: 8 MB round trips 3x slower, memory growing 8 MB a call)
             flight.context = None
+            chosen = call.__dict__.pop("_chosen", None)
+            if chosen is not None:
+                out = flight.outcome
+                self._reuse.ended(chosen, failed=bool(flight.machine.excluded) or (
+                    type(out) is Fail and out.error.kind in FORGET_KINDS))     # a server failed it
         if type(outcome) is Done:
             call.timing = outcome.timing
             return outcome.value if keep is None else _data().to_ref(self, outcome.value)
@@ -281,11 +290,24 @@ class AsyncClient(OptionViews, MasterAgentRequests):
     async def free(self, ref) -> None:
         await self.data.free(ref)
 
-    def _on_discover(self, flight: Flight, a: Discover) -> None:
-        """The machine asks for candidates: discover in a task, feed the answer back."""
+    def _on_discover(self, flight: Flight, a: Discover) -> Discovered | None:
+        """The machine asks for candidates: a view answer kept from the last
+        ``reuse_discovery`` seconds at once, else discover in a task and feed
+        the answer back."""
+        reuse = self._reuse
+        if reuse is not None and not self.closed:
+            call = flight.context
+            aggregator, k, light = getattr(call, "_discovery", (None, self.max_candidates, ()))
+            if not light:
+                servers = reuse.take(_reuse_key(call, aggregator, k), self.loop.time())
+                if servers is not None:
+                    call._chosen = servers[0].name
+                    reuse.started(call._chosen)
+                    return Discovered(servers)
         task = self.loop.create_task(self._discover_for(flight, a))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return None
 
     async def _discover_for(self, flight: Flight, a: Discover) -> None:
         call = flight.context
@@ -293,13 +315,18 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         try:
             if self.closed:
                 raise CommunicationError("client is closed")
+            ask = self._discover_ranked(call.service, k, aggregator, light, call.optional, None)
             if a.timeout is not None and a.timeout < self.discovery_timeout:
-                servers = await asyncio.wait_for(
-                    self.discover(call.service, k, aggregator=aggregator, args=light, optional=call.optional),
-                    max(0.01, a.timeout))
+                servers, from_view = await asyncio.wait_for(ask, max(0.01, a.timeout))
             else:
-                servers = await self.discover(call.service, k, aggregator=aggregator, args=light,
-                                              optional=call.optional)
+                servers, from_view = await ask
+            reuse = self._reuse
+            if reuse is not None and servers and not flight.machine.finished:
+                if from_view and not light:
+                    reuse.keep(_reuse_key(call, aggregator, k), servers, self.loop.time())
+                servers = reuse.rerank(servers)
+                call._chosen = servers[0].name
+                reuse.started(call._chosen)
         except asyncio.TimeoutError:
             mas = ", ".join(self.master_agents)
             event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out: the master agent"
@@ -365,6 +392,10 @@ def _kind_of(exc: GridRPCError) -> str:
 def _data():
     from . import data
     return data
+
+
+def _reuse_key(call: Call, aggregator, k: int) -> tuple:
+    return answer_key(call.service, call.optional, k, aggregator)
 
 
 def _on_attempt(flight: Flight, a: SendCall) -> None:

@@ -68,10 +68,11 @@ class CallDriver:
     def __init__(self, *, clock: Callable[[], float], new_id: Callable[[], str],
                  decode: Callable[[dict, list], Any], name: str = "client",
                  on_attempt: Callable[[Flight, SendCall], None] | None = None,
-                 on_discover: Callable[[Flight, Discover], None] | None = None) -> None:
+                 on_discover: Callable[[Flight, Discover], Any] | None = None) -> None:
         self.clock, self.new_id, self.decode, self.name = clock, new_id, decode, name
         self.on_attempt = on_attempt
-        self.on_discover = on_discover      # starts a discovery; its owner feeds Discovered / DiscoveryFailed
+        # starts a discovery; its owner feeds Discovered / DiscoveryFailed later, or returns one at once
+        self.on_discover = on_discover
         self.flights: dict[str, Flight] = {}        # request id -> its call (every attempt not forgotten)
         self.discovering: set[Flight] = set()       # calls still looking for servers (no request id yet)
 
@@ -133,8 +134,8 @@ class CallDriver:
                     self.discovering.add(flight)
                     if self.on_discover is None:
                         follow = DiscoveryFailed("no_server", "this driver cannot discover servers")
-                    else:
-                        self.on_discover(flight, a)
+                    else:                   # an answer at once (kept from an earlier one), or later
+                        follow = self.on_discover(flight, a)
                 elif t is FailOver:
                     if self.flights.get(a.id) is flight:
                         del self.flights[a.id]

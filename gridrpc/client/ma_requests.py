@@ -92,10 +92,16 @@ class MasterAgentRequests:
                        max_age: float | None = None) -> list[ServerInfo]:
         """Ranked servers (best first) offering ``service``: min(max_servers, available).
         ``max_age``: seconds the MA's pushed view may be old to answer from
-        it (0: always ask the servers, a fan-out); None: the MA's default."""
+        it (0: always ask the servers, a fan-out); None: the MA's default.
+        Always asks the MA (``reuse_discovery`` applies to calls only)."""
+        return (await self._discover_ranked(service, max_servers, aggregator, args, optional, max_age))[0]
+
+    async def _discover_ranked(self, service: str, max_servers: int, aggregator: Any, args: tuple,
+                               optional: bool, max_age: float | None) -> tuple[list[ServerInfo], bool]:
+        """The servers of a discovery, and whether the MA answered from its view."""
         o = self.options
         if not o.share_discovery:
-            entries = await self._discover(service, max_servers, aggregator, args, optional, max_age)
+            entries, from_view = await self._discover(service, max_servers, aggregator, args, optional, max_age)
         else:
             key = _share_key(self, service, max_servers, aggregator, args, optional, max_age)
             shared = _SHARED.get(key)
@@ -105,7 +111,7 @@ class MasterAgentRequests:
                 # do not all put their first calls on the same servers
                 shared[1] += 1
                 j = shared[1]
-                entries = await asyncio.shield(shared[0])
+                entries, from_view = await asyncio.shield(shared[0])
                 if entries:
                     j %= len(entries)
                     entries = entries[j:] + entries[:j]
@@ -113,13 +119,14 @@ class MasterAgentRequests:
                 fut = self.loop.create_future()
                 _SHARED[key] = [fut, 0]
                 try:
-                    entries = await self._discover(service, max_servers, aggregator, args, optional, max_age)
+                    entries, from_view = await self._discover(service, max_servers, aggregator, args, optional,
+                                                              max_age)
                 except BaseException as exc:
                     fut.set_exception(exc if isinstance(exc, Exception) else CommunicationError(str(exc)))
                     fut.exception()         # retrieved: no warning when nobody joined
                     raise
                 else:
-                    fut.set_result(entries)
+                    fut.set_result((entries, from_view))
                 finally:
                     if _SHARED.get(key, (None,))[0] is fut:
                         del _SHARED[key]
@@ -129,11 +136,12 @@ class MasterAgentRequests:
         for s in entries:
             self._server_addresses[s["name"]] = s["address"]
             self._learn_key(s["address"], s.get("public_key"))
-        return servers
+        return servers, from_view
 
     async def _discover(self, service: str, max_servers: int, aggregator: Any, args: tuple, optional: bool,
-                        max_age: float | None) -> list[dict]:
-        """The MA's answer: its server entries, checked."""
+                        max_age: float | None) -> tuple[list[dict], bool]:
+        """The MA's answer: its server entries, checked, and whether it came
+        from the MA's view."""
         o = self.options
         h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(max_servers), user=self.user,
                    aggregator=aggregator if aggregator is not None else o.aggregator,
@@ -144,7 +152,8 @@ class MasterAgentRequests:
         mt, r = await self._ma_request(h, o.discovery_timeout)
         if mt is MsgType.ERROR:
             raise error_from_wire(r["error"])
-        return [s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
+        return ([s for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s],
+                r.get("view") is True)
 
     async def tree(self) -> list[dict]:
         """Every element of the tree as the MA sees it (like GET /api/tree)."""

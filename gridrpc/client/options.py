@@ -51,6 +51,14 @@ class ClientOptions:
     servers. The estimates are those computed for the first asker's user, so
     leave it off when servers estimate per user (batch history) and that
     matters.
+    ``reuse_discovery``: seconds a discovery answered from the master
+    agent's pushed view serves the next calls of the same service (same
+    kind, ``max_candidates`` and aggregator) without asking the MA again,
+    re-ranked by this client's own calls in flight on each server
+    (:mod:`gridrpc.client.reuse`; docs/performance.md). 0 turns it off: every
+    call asks the MA. A call on data references, an answer from a fan-out
+    (estimations that depend on the request) and ``discover()`` itself always
+    ask; a failed call forgets the kept answers. Default 0.01 (10 ms).
     """
     user: str | None = None
     timeout: float | None = None
@@ -74,6 +82,7 @@ class ClientOptions:
     ma_key: str | None = None
     retry_timeout: float = 10.0
     share_discovery: bool = False
+    reuse_discovery: float = 0.01
 
     def __post_init__(self) -> None:
         if self.user is not None and not isinstance(self.user, str):
@@ -83,6 +92,11 @@ class ClientOptions:
         for name in ("timeout", "discovery_budget"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name), "a number of seconds or None")
+        r = self.reuse_discovery
+        if isinstance(r, bool) or not isinstance(r, (int, float)):
+            _bad_type("reuse_discovery", r, "a number of seconds")
+        if not 0 <= r <= 60:
+            raise ValueError(f"client option reuse_discovery must be between 0 and 60 s, not {r!r}")
         if not isinstance(self.failover, bool):
             _bad_type("failover", self.failover, "True or False")
         for name in ("max_candidates", "max_message_size"):

@@ -27,6 +27,8 @@ CONFIG_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "max_message_size": ((int,), "largest call message in bytes (512 MiB)"),
     "aggregator": ((str, dict), "aggregator for discoveries: a name or {name=, params={}}"),
     "download_dir": ((str,), "where files returned by services are written"),
+    "reuse_discovery": (_NUM0 := (int, float), "s a view answer of the MA serves the next calls of a service "
+                        "(0.01; 0: every call asks the MA)"),
 }
 
 
@@ -72,6 +74,8 @@ def check_config(data: dict) -> Config:
                               f"not {type(value).__name__}")
         if types is _NUM and not value > 0:
             raise ConfigError(f"{key} must be > 0")
+        if types is _NUM0 and not 0 <= value <= 60:
+            raise ConfigError(f"{key} must be between 0 and 60")
     ma = data.get("master_agent")
     if ma is None:
         raise ConfigError("master_agent = \"tcp://host:port\" is required")

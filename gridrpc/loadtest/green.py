@@ -47,6 +47,7 @@ from ..client.call import ServerInfo
 from ..client.driver import CallDriver, Flight, exception_for
 from ..client.ids import new_id
 from ..client.options import ClientOptions, OptionViews
+from ..client.reuse import FORGET_KINDS, ReusedAnswers, answer_key
 from ..core import codec
 from ..core import messages as m
 from ..core.call import CallMachine, Done, Tick
@@ -208,6 +209,7 @@ class GreenClient(OptionViews):
         self.records: list[Record] = []
         self.last: Record | None = None
         self._policy = self.options.policy()
+        self._reuse = ReusedAnswers(self.options.reuse_discovery) if self.options.reuse_discovery else None
         self._driver = _GreenDriver(self)
         self._ma: _Socket | None = None
         self._seds: dict[str, _Socket] = {}
@@ -266,7 +268,8 @@ class GreenClient(OptionViews):
             self._pending.pop(header["id"], None)
 
     def _discover(self, service: str, k: int, aggregator: Any, args: tuple,
-                  timeout: float | None = None) -> tuple[list[ServerInfo], int]:
+                  timeout: float | None = None) -> tuple[list[ServerInfo], int, bool]:
+        """The servers, the answer's size, and whether the MA answered from its view."""
         o = self.options
         h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(k), user=self.user,
                    aggregator=aggregator if aggregator is not None else o.aggregator,
@@ -290,13 +293,13 @@ class GreenClient(OptionViews):
                    for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
         for s in servers:
             self._addresses[s.name] = s.address
-        return servers, size
+        return servers, size, r.get("view") is True
 
     def discover(self, service: str, k: int = 10, *, aggregator: Any = None, args: tuple = ()) -> list[ServerInfo]:
         """Ranked servers (best first) offering ``service``: min(k, available)."""
         t0 = time.perf_counter()
         try:
-            servers, size = self._discover(service, k, aggregator, args)
+            servers, size, _ = self._discover(service, k, aggregator, args)
         except GridRPCError as exc:
             self._record("discover", service, t0, error=type(exc).__name__)
             raise
@@ -335,6 +338,7 @@ class GreenClient(OptionViews):
         timeout = o.timeout if timeout is None else timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         disc_ms = 0.0
+        chosen = None
         try:
             buffers: list = []
             tree_args = codec.encode(list(args), buffers)
@@ -346,14 +350,29 @@ class GreenClient(OptionViews):
             if server is None:
                 k = o.max_candidates if o.failover else 1
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                candidates, _ = self._discover(service, k, aggregator, (), left)
-                disc_ms = (time.perf_counter() - t0) * 1000
+                reuse = self._reuse        # a view answer of the last reuse_discovery s (gridrpc.client.reuse)
+                key = answer_key(service, False, k, aggregator)
+                candidates = reuse.take(key, time.monotonic()) if reuse is not None else None
+                if candidates is None:
+                    candidates, _, from_view = self._discover(service, k, aggregator, (), left)
+                    disc_ms = (time.perf_counter() - t0) * 1000
+                    if reuse is not None and candidates:
+                        if from_view:
+                            reuse.keep(key, candidates, time.monotonic())
+                        candidates = reuse.rerank(candidates)
+                if reuse is not None and candidates:
+                    chosen = candidates[0].name
+                    reuse.started(chosen)
             else:
                 candidates = [self.resolve(server)]
             value, size, srv = self._dispatch(service, candidates, tree_args, tree_kwargs, buffers, deadline)
         except GridRPCError as exc:
+            if chosen is not None:
+                self._reuse.ended(chosen, failed=getattr(exc, "kind", None) in FORGET_KINDS)
             self._record(kind, service, t0, error=type(exc).__name__, discover_ms=disc_ms)
             raise
+        if chosen is not None:
+            self._reuse.ended(chosen, failed=srv != chosen)     # another server took it: a failover
         self._record(kind, service, t0, size=size, server=srv, discover_ms=disc_ms)
         return value
 

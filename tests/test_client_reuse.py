@@ -1,0 +1,233 @@
+"""A client reuses the MA's view answers for ``reuse_discovery`` seconds
+(gridrpc.client.reuse): the pure rules, then real daemons and sockets."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+import gridrpc
+from gridrpc.client.reuse import MAX_KEPT, ReusedAnswers, load
+from gridrpc.core.messages import MsgType
+from gridrpc.master_agent import MasterAgent
+from gridrpc.testing import LocalTree, LoopThread, example_sed, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@dataclass
+class S:
+    name: str
+
+
+def names(servers) -> list[str]:
+    return [s.name for s in servers]
+
+
+# -- the pure rules ------------------------------------------------------------------
+
+def test_kept_answer_serves_within_the_window_only():
+    r = ReusedAnswers(0.01)
+    assert r.take("k", 0.0) is None
+    r.keep("k", [S("a"), S("b")], 1.0)
+    assert names(r.take("k", 1.005)) == ["a", "b"]
+    assert names(r.take("k", 1.0099)) == ["a", "b"]
+    assert r.take("k", 1.0101) is None                       # older: forgotten
+    assert r.take("k", 1.002) is None and "k" not in r.kept
+    assert r.reused == 2 and r.asked == 1
+    r.keep("k", [S("a")], 5.0)
+    assert r.take("k", 4.0) is None                          # a clock that went back: not trusted
+    r.keep("empty", [], 5.0)
+    assert "empty" not in r.kept
+
+
+def test_rerank_moves_servers_down_by_own_calls_in_flight():
+    r = ReusedAnswers(1.0)
+    answer = [S("a"), S("b"), S("c")]                        # no estimation: own calls only
+    r.keep("k", answer, 0.0)
+    assert names(r.take("k", 0.1)) == ["a", "b", "c"]        # nothing in flight: the MA's order
+    r.started("a")
+    assert names(r.take("k", 0.1)) == ["b", "c", "a"]
+    r.started("b")
+    assert names(r.take("k", 0.1)) == ["c", "a", "b"]
+    r.started("c")
+    assert names(r.take("k", 0.1)) == ["a", "b", "c"]        # ties keep the MA's order
+    r.ended("a"), r.ended("b"), r.ended("c")
+    assert r.in_flight == {} and names(r.take("k", 0.1)) == ["a", "b", "c"]
+    r.ended("zzz")                                           # never started: nothing goes negative
+    assert r.in_flight == {}
+
+
+def test_rerank_counts_the_load_the_answer_showed_per_slot():
+    @dataclass
+    class E:
+        name: str
+        estimation: dict
+
+    def est(running, slots, waiting=0):
+        return {"num_running": running, "max_concurrent": slots, "num_waiting": waiting}
+    r = ReusedAnswers(1.0)
+    r.keep("k", [E("a", est(0, 4)), E("b", est(1, 2)), E("c", est(0, 1, 3))], 0.0)
+    assert names(r.take("k", 0.1)) == ["a", "b", "c"]        # nothing of ours in flight: as the MA ranked
+    for _ in range(2):
+        r.started("a")
+    assert load(r.kept["k"][1][0], 2) == 0.5
+    assert names(r.take("k", 0.1)) == ["a", "b", "c"]        # a 2/4, b 1/2: tie, c 3/1
+    r.started("a")
+    assert names(r.take("k", 0.1)) == ["b", "a", "c"]        # a 3/4 > b 1/2
+    assert load(S("x"), 3) == 3.0 and load(E("y", {"num_running": "1"}), 1) == 1.0   # no usable fields
+
+
+def test_a_failure_forgets_every_kept_answer_and_the_store_is_bounded():
+    r = ReusedAnswers(1.0)
+    r.keep("x", [S("a")], 0.0)
+    r.keep("y", [S("b")], 0.0)
+    r.started("a")
+    r.ended("a", failed=True)
+    assert r.kept == {} and r.take("x", 0.1) is None
+    for i in range(MAX_KEPT + 10):
+        r.keep(i, [S("a")], 0.0)
+    assert len(r.kept) == MAX_KEPT and 0 not in r.kept and MAX_KEPT + 9 in r.kept
+    with pytest.raises(ValueError):
+        ReusedAnswers(0)
+
+
+@pytest.mark.parametrize("bad, exc", [(-0.1, ValueError), (61, ValueError), ("0.01", TypeError),
+                                      (True, TypeError), (None, TypeError)])
+def test_option_is_checked(bad, exc):
+    with pytest.raises(exc, match="reuse_discovery"):
+        gridrpc.AsyncClient("tcp://127.0.0.1:1", reuse_discovery=bad)
+
+
+# -- real daemons ----------------------------------------------------------------------
+
+def _count_discovers(client) -> dict:
+    """How many DISCOVERs ``client`` sent to its MA, and how many were answered from the view."""
+    counts = {"asked": 0, "view": 0}
+    orig = client._ma_request
+
+    async def request(header, timeout):
+        mt, r = await orig(header, timeout)
+        if header.get("type") == MsgType.DISCOVER.value or "service" in header and "k" in header:
+            counts["asked"] += 1
+            if mt is MsgType.SERVERS and r.get("view"):
+                counts["view"] += 1
+        return mt, r
+    client._ma_request = request
+    return counts
+
+
+@pytest.fixture(scope="module")
+def tree():
+    t = LocalTree(las=1, seds_per_la=3, sed_options={"max_concurrent": 2}).start()
+    try:
+        yield t
+    finally:
+        t.stop()
+
+
+async def _view_ready(c) -> None:
+    """Until the MA answers ``add`` from its view (the SeDs' first pushes arrived)."""
+    counts = _count_discovers(c)
+    for _ in range(200):
+        await c.discover("add", 3)
+        if counts["view"]:
+            c._ma_request = type(c)._ma_request.__get__(c)
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the MA never answered from its view")
+
+
+def test_sequential_calls_reuse_one_view_answer(tree):
+    async def go(window):
+        async with gridrpc.AsyncClient(tree.ma_address, reuse_discovery=window) as c:
+            await _view_ready(c)
+            counts = _count_discovers(c)
+            results = [await c.call("add", i, 1) for i in range(20)]
+            return results, counts, c._reuse
+    results, counts, reuse = tree.lt.run(go(30.0))
+    assert results == [i + 1 for i in range(20)]
+    assert counts == {"asked": 1, "view": 1}            # one discovery served the 20 calls
+    assert reuse.reused == 19 and reuse.in_flight == {}
+    results, counts, reuse = tree.lt.run(go(0))
+    assert results == [i + 1 for i in range(20)]
+    assert counts["asked"] == 20 and reuse is None       # off: every call asks the MA
+
+
+def test_a_burst_from_one_answer_spreads_over_its_servers(tree):
+    async def go():
+        async with gridrpc.AsyncClient(tree.ma_address, reuse_discovery=30.0, max_candidates=3) as c:
+            await _view_ready(c)
+            await c.call("sleep", 0)                     # keeps an answer of 3 servers
+            counts = _count_discovers(c)
+            calls = [await c.submit("sleep", 0.3) for _ in range(6)]
+            await asyncio.gather(*calls)
+            return [x.server for x in calls], counts
+    servers, counts = tree.lt.run(go())
+    assert counts["asked"] == 0                          # all six from the kept answer
+    assert len(set(servers)) == 3, servers               # 2 slots each: 6 calls over the 3 servers
+    assert sorted(servers.count(s) for s in set(servers)) == [2, 2, 2]
+
+
+def test_discover_itself_always_asks_the_ma(tree):
+    async def go():
+        async with gridrpc.AsyncClient(tree.ma_address, reuse_discovery=30.0) as c:
+            await _view_ready(c)
+            counts = _count_discovers(c)
+            for _ in range(3):
+                await c.discover("add", 3)
+            return counts
+    assert tree.lt.run(go())["asked"] == 3
+
+
+def test_a_fanout_answer_is_not_kept():
+    lt = LoopThread()
+    ma = lt.run(MasterAgent(name="MA", address="tcp://127.0.0.1:0", http_port=None, view=False,
+                            hb_interval=0.5, hb_timeout=1.5).start())
+    sed = lt.run(example_sed("s1", ma.address, ["add"], address="tcp://127.0.0.1:0",
+                             hb_interval=0.5, hb_timeout=1.5).start())
+    try:
+        async def go():
+            async with gridrpc.AsyncClient(ma.address, reuse_discovery=30.0) as c:
+                for _ in range(100):
+                    try:
+                        await c.discover("add", 1)
+                        break
+                    except gridrpc.GridRPCError:
+                        await asyncio.sleep(0.05)
+                counts = _count_discovers(c)
+                results = [await c.call("add", i, 2) for i in range(5)]
+                return results, counts, c._reuse
+        results, counts, reuse = lt.run(go())
+        assert results == [i + 2 for i in range(5)]
+        assert counts == {"asked": 5, "view": 0} and reuse.kept == {}
+    finally:
+        lt.run(sed.aclose())
+        lt.run(ma.aclose())
+        lt.close()
+
+
+def test_a_dead_server_in_a_kept_answer_costs_one_failover_then_is_forgotten():
+    t = LocalTree(las=1, seds_per_la=2, hb_interval=0.3, hb_timeout=30.0).start()
+    try:
+        async def go():
+            async with gridrpc.AsyncClient(t.ma_address, reuse_discovery=30.0, ack_timeout=0.5,
+                                           max_candidates=2) as c:
+                await _view_ready(c)
+                await c.call("add", 1, 1)
+                first = c._reuse.kept and next(iter(c._reuse.kept.values()))[1][0].name
+                victim = next(s for s in t.seds if first in s.replicas)
+                await victim.aclose()                   # the MA keeps it (heartbeat timeout 30 s)
+                t.seds.remove(victim)
+                counts = _count_discovers(c)
+                value = await c.call("add", 2, 2)       # kept answer: the dead one first, then the other
+                asked_before = counts["asked"]
+                kept_after = dict(c._reuse.kept)
+                value2 = await c.call("add", 3, 3)      # asks the MA again
+                return value, asked_before, kept_after, value2, counts
+        value, asked_before, kept_after, value2, counts = t.lt.run(go())
+        assert value == 4 and asked_before == 0 and kept_after == {}
+        assert value2 == 6 and counts["asked"] == 1
+    finally:
+        t.stop()

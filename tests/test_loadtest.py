@@ -71,6 +71,10 @@ def test_parse_args_and_env():
     assert cfg.args_for("add") == [5, 6] and cfg.args_for("sleep") == [0.01] and cfg.args_for("zz") == []
     with pytest.raises(ConfigError):
         LoadConfig.from_env({"GRIDRPC_TIMEOUT": "soon"})
+    assert cfg.reuse_discovery == 0.01
+    assert LoadConfig.from_env({"GRIDRPC_REUSE_DISCOVERY": "0"}).reuse_discovery == 0.0
+    with pytest.raises(ConfigError):
+        LoadConfig.from_env({"GRIDRPC_REUSE_DISCOVERY": "10ms"})
 
 
 def test_timespan_and_address():
@@ -282,3 +286,5 @@ def test_unreachable_target_fails_cleanly(tmp_path):
     assert not _locust_children()
     r, _ = loadtest(str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "not found" in r.stderr
+    r, _ = loadtest("tcp://127.0.0.1:9", "--reuse-discovery", "-1")
+    assert r.returncode == 2 and "--reuse-discovery" in r.stderr and not _locust_children()

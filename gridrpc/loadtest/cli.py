@@ -57,6 +57,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=1, help="servers asked by 'discover' entries (default 1)")
     p.add_argument("--wait", type=float, default=0.0, help="pause of a user between requests, s (default 0)")
     p.add_argument("--timeout", type=float, default=30.0, help="timeout of one request, s (default 30)")
+    p.add_argument("--reuse-discovery", type=float, default=0.01, metavar="S",
+                   help="s a user's 'call' entries reuse a view answer of the MA (default 0.01; 0: every call "
+                        "asks the MA)")
     p.add_argument("--fail-ratio", type=float, default=0.01,
                    help="exit 1 when failures/requests exceeds this (default 0.01)")
     p.add_argument("--workers", type=int, default=0,
@@ -143,6 +146,8 @@ def _check(a) -> None:
         raise ConfigError("--users must be >= 1")
     if a.workers < 0:
         raise ConfigError("--workers must be >= 0")
+    if not 0 <= a.reuse_discovery <= 60:
+        raise ConfigError("--reuse-discovery must be between 0 and 60 s")
     if a.spawn_rate is None:
         a.spawn_rate = float(a.users)
 
@@ -173,6 +178,7 @@ def locust_env(a, address: str, summary: str, max_requests: int) -> dict:
     env.update({"GRIDRPC_MA": address, "GRIDRPC_MIX": format_mix(parse_mix(a.mix)),
                 "GRIDRPC_ARGS": json.dumps(parse_args(a.call_args)), "GRIDRPC_K": str(a.k),
                 "GRIDRPC_TIMEOUT": str(a.timeout), "GRIDRPC_WAIT": str(a.wait),
+                "GRIDRPC_REUSE_DISCOVERY": str(a.reuse_discovery),
                 "GRIDRPC_MAX_REQUESTS": str(max_requests), "GRIDRPC_SUMMARY": summary,
                 "GRIDRPC_FAIL_RATIO": str(a.fail_ratio)})
     return env

@@ -25,6 +25,8 @@ user class and the ready locustfiles use):
                                ``discover`` entries; calls ask 3 for failover)
 ``GRIDRPC_TIMEOUT``            per-request timeout, seconds (default 30)
 ``GRIDRPC_WAIT``               pause between a user's requests, s (default 0)
+``GRIDRPC_REUSE_DISCOVERY``    s a user's ``call`` entries reuse a view answer
+                               (default 0.01; 0: every call asks the MA)
 ``GRIDRPC_MAX_REQUESTS``       requests this process may start (0 = no cap)
 ``GRIDRPC_SUMMARY``            write a JSON summary here when the run ends
 =============================  ==============================================
@@ -123,6 +125,7 @@ class LoadConfig:
     timeout: float = 30.0
     wait: float = 0.0
     max_requests: int = 0
+    reuse_discovery: float = 0.01
 
     def args_for(self, service: str) -> list:
         if service in self.args:
@@ -138,7 +141,8 @@ class LoadConfig:
                   k=_num(env, "GRIDRPC_K", 1, int),
                   timeout=_num(env, "GRIDRPC_TIMEOUT", 30.0, float),
                   wait=_num(env, "GRIDRPC_WAIT", 0.0, float),
-                  max_requests=_num(env, "GRIDRPC_MAX_REQUESTS", 0, int))
+                  max_requests=_num(env, "GRIDRPC_MAX_REQUESTS", 0, int),
+                  reuse_discovery=_num(env, "GRIDRPC_REUSE_DISCOVERY", 0.01, float))
         kw.update({k: v for k, v in override.items() if v is not None})
         return cls(**kw)
 

@@ -170,7 +170,8 @@ class GridRPCUser(User):
         # (the gevent client keeps one MA; the load is spread, there is no failover between MAs)
         self.ma = mas[next(_USERS) % len(mas)] if len(mas) > 1 else self.config.master_agent
         self.client = GreenClient(self.ma, timeout=self.config.timeout,
-                                  discovery_timeout=min(5.0, self.config.timeout))
+                                  discovery_timeout=min(5.0, self.config.timeout),
+                                  reuse_discovery=self.config.reuse_discovery)
         self._bound: dict[str, object] = {}
         self._rng = random.Random()
 

@@ -108,11 +108,11 @@ def _count_discovers(client) -> dict:
     orig = client._ma_request
 
     async def request(header, timeout):
+        discover = "service" in header and "k" in header
+        counts["asked"] += discover
         mt, r = await orig(header, timeout)
-        if header.get("type") == MsgType.DISCOVER.value or "service" in header and "k" in header:
-            counts["asked"] += 1
-            if mt is MsgType.SERVERS and r.get("view"):
-                counts["view"] += 1
+        if discover and mt is MsgType.SERVERS and r.get("view"):
+            counts["view"] += 1
         return mt, r
     client._ma_request = request
     return counts
@@ -168,6 +168,38 @@ def test_a_burst_from_one_answer_spreads_over_its_servers(tree):
     assert counts["asked"] == 0                          # all six from the kept answer
     assert len(set(servers)) == 3, servers               # 2 slots each: 6 calls over the 3 servers
     assert sorted(servers.count(s) for s in set(servers)) == [2, 2, 2]
+
+
+def test_calls_missing_the_kept_answer_together_make_one_discovery(tree):
+    async def go():
+        async with gridrpc.AsyncClient(tree.ma_address, reuse_discovery=30.0, max_candidates=3) as c:
+            await _view_ready(c)
+            counts = _count_discovers(c)
+            calls = [c.submit_nowait("sleep", 0.2) for _ in range(6)]     # nothing kept yet
+            await asyncio.gather(*calls)
+            return [x.server for x in calls], counts, dict(c._joining)
+    servers, counts, joining = tree.lt.run(go())
+    assert counts["asked"] == 1                          # the five others joined the first one's
+    assert joining == {}
+    assert len(set(servers)) == 3, servers               # each joiner ranked the answer for itself
+
+
+def test_a_failed_discovery_fails_the_calls_that_joined_it():
+    lt = LoopThread()
+    try:
+        async def go():
+            async with gridrpc.AsyncClient("tcp://127.0.0.1:9", reuse_discovery=30.0, discovery_timeout=0.3,
+                                           retry_timeout=0.5) as c:
+                counts = _count_discovers(c)
+                calls = [c.submit_nowait("add", 1, 1) for _ in range(4)]
+                got = await asyncio.gather(*calls, return_exceptions=True)
+                return got, counts, dict(c._joining)
+        got, counts, joining = lt.run(go())
+        assert all(isinstance(g, gridrpc.CommunicationError) for g in got), got
+        # the four calls wait for one discovery at a time (each retry joins again), not one each
+        assert joining == {} and 1 <= counts["asked"] <= 3, counts
+    finally:
+        lt.close()
 
 
 def test_discover_itself_always_asks_the_ma(tree):

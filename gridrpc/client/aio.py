@@ -81,6 +81,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         self._server_keys: dict[str, bytes] = {}    # SeD address -> public key (from the MA's answers)
         #: view answers kept for calls (``reuse_discovery``; gridrpc.client.reuse)
         self._reuse = ReusedAnswers(self.options.reuse_discovery) if self.options.reuse_discovery else None
+        self._joining: dict[tuple, list[Flight]] = {}  # reuse key -> calls waiting for the same discovery
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> "AsyncClient":
@@ -292,26 +293,36 @@ class AsyncClient(OptionViews, MasterAgentRequests):
 
     def _on_discover(self, flight: Flight, a: Discover) -> Discovered | None:
         """The machine asks for candidates: a view answer kept from the last
-        ``reuse_discovery`` seconds at once, else discover in a task and feed
-        the answer back."""
-        reuse = self._reuse
+        ``reuse_discovery`` seconds at once; else, when a call of the same
+        key is already discovering, its answer (joined); else discover in a
+        task and feed the answer back."""
+        reuse, key = self._reuse, None
         if reuse is not None and not self.closed:
             call = flight.context
             aggregator, k, light = getattr(call, "_discovery", (None, self.max_candidates, ()))
             if not light:
-                servers = reuse.take(_reuse_key(call, aggregator, k), self.loop.time())
+                key = _reuse_key(call, aggregator, k)
+                servers = reuse.take(key, self.loop.time())
                 if servers is not None:
                     call._chosen = servers[0].name
                     reuse.started(call._chosen)
                     return Discovered(servers)
-        task = self.loop.create_task(self._discover_for(flight, a))
+                joined = self._joining.get(key)
+                if joined is not None:          # the same request is out: its answer serves this call too
+                    joined.append(flight)
+                    return None
+                self._joining[key] = []
+        task = self.loop.create_task(self._discover_for(flight, a, key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return None
 
-    async def _discover_for(self, flight: Flight, a: Discover) -> None:
+    async def _discover_for(self, flight: Flight, a: Discover, key: tuple | None = None) -> None:
+        """Discover for ``flight`` (and, with a reuse ``key``, for the calls
+        that joined it meanwhile); each gets the answer ranked for itself."""
         call = flight.context
         aggregator, k, light = getattr(call, "_discovery", (None, self.max_candidates, ()))
+        servers: list = []
         try:
             if self.closed:
                 raise CommunicationError("client is closed")
@@ -320,26 +331,32 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                 servers, from_view = await asyncio.wait_for(ask, max(0.01, a.timeout))
             else:
                 servers, from_view = await ask
-            reuse = self._reuse
-            if reuse is not None and servers and not flight.machine.finished:
-                if from_view and not light:
-                    reuse.keep(_reuse_key(call, aggregator, k), servers, self.loop.time())
-                servers = reuse.rerank(servers)
-                call._chosen = servers[0].name
-                reuse.started(call._chosen)
+            if key is not None and servers and from_view:
+                self._reuse.keep(key, servers, self.loop.time())
         except asyncio.TimeoutError:
             mas = ", ".join(self.master_agents)
             event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out: the master agent"
                                          f"{'s' if len(self.master_agents) > 1 else ''} at {mas} did not answer "
                                          f"within {max(0.01, a.timeout or 0):.3g}s")
-        except asyncio.CancelledError:
-            return
+        except asyncio.CancelledError:      # the client is closing: the calls that joined fail
+            event, flight = DiscoveryFailed("communication", "client closed"), None
         except GridRPCError as exc:
             event = DiscoveryFailed(_kind_of(exc), str(exc))
         else:
             event = Discovered(servers)
-        if not flight.machine.finished:
-            self._driver.feed(flight, event)
+        flights = [flight] if flight is not None else []
+        if key is not None:
+            flights += self._joining.pop(key, [])
+        for f in flights:
+            if f.machine.finished:
+                continue
+            if type(event) is Discovered and self._reuse is not None and servers:
+                ranked = self._reuse.rerank(servers)
+                f.context._chosen = ranked[0].name
+                self._reuse.started(ranked[0].name)
+                self._driver.feed(f, Discovered(ranked))
+            else:
+                self._driver.feed(f, event)
 
     async def _cancel_remote(self, call: Call) -> None:
         """Cancel ``call`` on its server; returns when the server confirmed (or

@@ -44,7 +44,7 @@ def test_kept_answer_serves_within_the_window_only():
 
 def test_rerank_moves_servers_down_by_own_calls_in_flight():
     r = ReusedAnswers(1.0)
-    answer = [S("a"), S("b"), S("c")]                        # no estimation: own calls only
+    answer = [S("a"), S("b"), S("c")]                        # no estimation: own calls only, one slot each
     r.keep("k", answer, 0.0)
     assert names(r.take("k", 0.1)) == ["a", "b", "c"]        # nothing in flight: the MA's order
     r.started("a")
@@ -52,11 +52,32 @@ def test_rerank_moves_servers_down_by_own_calls_in_flight():
     r.started("b")
     assert names(r.take("k", 0.1)) == ["c", "a", "b"]
     r.started("c")
-    assert names(r.take("k", 0.1)) == ["a", "b", "c"]        # ties keep the MA's order
+    assert names(r.rerank(answer)) == ["a", "b", "c"]        # ties keep the MA's order
+    assert r.take("k", 0.1) is None and "k" in r.kept        # no free slot left: ask the MA (kept still)
     r.ended("a"), r.ended("b"), r.ended("c")
     assert r.in_flight == {} and names(r.take("k", 0.1)) == ["a", "b", "c"]
     r.ended("zzz")                                           # never started: nothing goes negative
     assert r.in_flight == {}
+
+
+def test_a_saturated_answer_is_reused_anyway():
+    """An answer that showed no free slot when it came: the MA could only name
+    queues too, so the calls of the window queue on its least loaded server."""
+    @dataclass
+    class E:
+        name: str
+        estimation: dict
+    busy = {"num_running": 1, "max_concurrent": 1, "num_waiting": 2}
+    r = ReusedAnswers(1.0)
+    r.keep("k", [E("a", busy), E("b", dict(busy, num_waiting=0))], 0.0)
+    assert r.kept["k"][2] is True
+    assert names(r.take("k", 0.1)) == ["a", "b"]             # nothing of ours in flight: the MA's order
+    r.started("a")
+    assert names(r.take("k", 0.1)) == ["b", "a"]             # b: 1 per slot, a: 4
+    r.keep("free", [E("c", dict(busy, num_running=0, num_waiting=0))], 0.0)
+    assert r.kept["free"][2] is False and names(r.take("free", 0.1)) == ["c"]
+    r.started("c")
+    assert r.take("free", 0.1) is None
 
 
 def test_rerank_counts_the_load_the_answer_showed_per_slot():
@@ -127,16 +148,19 @@ def tree():
         t.stop()
 
 
-async def _view_ready(c) -> None:
-    """Until the MA answers ``add`` from its view (the SeDs' first pushes arrived)."""
+async def _view_ready(c, service: str = "sleep") -> None:
+    """Until the MA answers ``service`` from its view (the SeDs' first pushes
+    arrived) and shows every SeD idle (an earlier test's calls end in the view
+    up to 50 ms later: a change of load without a busy/free flip is pushed slowly)."""
     counts = _count_discovers(c)
     for _ in range(200):
-        await c.discover("add", 3)
-        if counts["view"]:
+        found = await c.discover(service, 3)
+        if counts["view"] and all(s.estimation.get("num_running") == 0 for s in found):
             c._ma_request = type(c)._ma_request.__get__(c)
             return
+        counts["view"] = 0
         await asyncio.sleep(0.05)
-    raise AssertionError("the MA never answered from its view")
+    raise AssertionError("the MA never answered from its view with idle SeDs")
 
 
 def test_sequential_calls_reuse_one_view_answer(tree):
@@ -179,7 +203,9 @@ def test_calls_missing_the_kept_answer_together_make_one_discovery(tree):
             await asyncio.gather(*calls)
             return [x.server for x in calls], counts, dict(c._joining)
     servers, counts, joining = tree.lt.run(go())
-    assert counts["asked"] == 1                          # the five others joined the first one's
+    # the five others joined the first one's; a sixth ask only when the answer's servers looked full:
+    # the MA counts its recent choices (here: for the discoveries of _view_ready) as waiting calls
+    assert 1 <= counts["asked"] <= 2, counts
     assert joining == {}
     assert len(set(servers)) == 3, servers               # each joiner ranked the answer for itself
 

@@ -81,7 +81,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         self._server_keys: dict[str, bytes] = {}    # SeD address -> public key (from the MA's answers)
         #: view answers kept for calls (``reuse_discovery``; gridrpc.client.reuse)
         self._reuse = ReusedAnswers(self.options.reuse_discovery) if self.options.reuse_discovery else None
-        self._joining: dict[tuple, list[Flight]] = {}  # reuse key -> calls waiting for the same discovery
+        self._joining: dict[tuple, list] = {}  # reuse key -> [(flight, Discover)] waiting for the same discovery
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> "AsyncClient":
@@ -309,13 +309,16 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                     return Discovered(servers)
                 joined = self._joining.get(key)
                 if joined is not None:          # the same request is out: its answer serves this call too
-                    joined.append(flight)
+                    joined.append((flight, a))
                     return None
                 self._joining[key] = []
+        self._start_discovery(flight, a, key)
+        return None
+
+    def _start_discovery(self, flight: Flight, a: Discover, key: tuple | None) -> None:
         task = self.loop.create_task(self._discover_for(flight, a, key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return None
 
     async def _discover_for(self, flight: Flight, a: Discover, key: tuple | None = None) -> None:
         """Discover for ``flight`` (and, with a reuse ``key``, for the calls
@@ -344,16 +347,20 @@ class AsyncClient(OptionViews, MasterAgentRequests):
             event = DiscoveryFailed(_kind_of(exc), str(exc))
         else:
             event = Discovered(servers)
-        flights = [flight] if flight is not None else []
-        if key is not None:
-            flights += self._joining.pop(key, [])
-        for f in flights:
+        reuse = self._reuse
+        saturated = reuse.saturated(servers) if reuse is not None and servers else False
+        joined = self._joining.pop(key, []) if key is not None else []
+        for f, own in ([(flight, a)] if flight is not None else []) + joined:
             if f.machine.finished:
                 continue
-            if type(event) is Discovered and self._reuse is not None and servers:
-                ranked = self._reuse.rerank(servers)
+            if type(event) is Discovered and reuse is not None and servers:
+                ranked = reuse.rerank(servers)
+                if f is not flight and not reuse.fits(ranked, saturated):
+                    # the answer's servers are taken by the calls before: this one asks the MA itself
+                    self._start_discovery(f, own, None)
+                    continue
                 f.context._chosen = ranked[0].name
-                self._reuse.started(ranked[0].name)
+                reuse.started(ranked[0].name)
                 self._driver.feed(f, Discovered(ranked))
             else:
                 self._driver.feed(f, event)

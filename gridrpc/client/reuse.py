@@ -15,7 +15,10 @@ the answer is ranked again for every call by each server's load: the calls
 its estimation showed plus those this client has sent it since and that
 are still in flight, per slot (ties keep the MA's order). A sequential
 caller gets the MA's first choice each time; a burst spreads over the
-answer's servers as their slots allow. A kept
+answer's servers as their slots allow, and once none has a free slot left
+(by this client's count) the next call asks the MA again, which knows the
+other servers — unless the answer showed no free slot when it came (the
+tree is saturated: the MA could only name queues too). A kept
 answer that has gone stale is corrected by the call itself: when it showed
 the first server free, the call is sent as a probe (late binding,
 :mod:`gridrpc.core.call`) and a busy server passes it to the next one.
@@ -71,23 +74,40 @@ class ReusedAnswers:
         if not window > 0:
             raise ValueError(f"reuse window must be > 0 s, not {window!r}")
         self.window = float(window)
-        self.kept: dict[Hashable, tuple[float, list]] = {}
+        self.kept: dict[Hashable, tuple[float, list, bool]] = {}      # key -> (when, servers, saturated)
         self.in_flight: dict[str, int] = {}
         self.reused = 0             # calls that took a kept answer
         self.asked = 0              # answers kept
 
     def take(self, key: Hashable, now: float) -> list | None:
-        """The kept answer for ``key``, ranked again for this call, or None
-        (none kept, or older than the window: forgotten)."""
+        """The kept answer for ``key``, ranked again for this call, or None:
+        none kept, older than the window (forgotten), or no free slot left
+        on its servers by this client's count while the answer showed one
+        (``fits``: the MA knows other servers)."""
         got = self.kept.get(key)
         if got is None:
             return None
-        at, servers = got
+        at, servers, saturated = got
         if now - at > self.window or now < at:
             del self.kept[key]
             return None
+        ranked = self.rerank(servers)
+        if not self.fits(ranked, saturated):
+            return None
         self.reused += 1
-        return self.rerank(servers)
+        return ranked
+
+    def fits(self, ranked: Sequence[Any], saturated: bool) -> bool:
+        """Whether an answer ranked for this call (``rerank``) serves it: its
+        first server has a free slot, or the answer showed none free when it
+        came (a saturated tree: the MA could only name queues too)."""
+        return bool(ranked) and (saturated or load(ranked[0], self.in_flight.get(ranked[0].name, 0)) < 1)
+
+    def saturated(self, servers: Sequence[Any]) -> bool:
+        """No server of the answer has a free slot (by its estimation and
+        this client's calls in flight)."""
+        flying = self.in_flight
+        return all(load(s, flying.get(s.name, 0)) >= 1 for s in servers)
 
     def rerank(self, servers: Sequence[Any]) -> list:
         """``servers`` (best first) ordered by their load as the answer showed
@@ -105,7 +125,7 @@ class ReusedAnswers:
         self.kept.pop(key, None)
         if len(self.kept) >= MAX_KEPT:
             del self.kept[next(iter(self.kept))]
-        self.kept[key] = (now, list(servers))
+        self.kept[key] = (now, list(servers), self.saturated(servers))
         self.asked += 1
 
     def started(self, name: str) -> None:

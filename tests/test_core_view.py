@@ -234,6 +234,30 @@ def test_push_rule_coalesces_and_is_fast_on_busy_changes():
     assert r.changed((True, 1, 2), True, 0.02) == 0.07             # longer queue: slow
 
 
+def test_push_rule_a_flapping_replica_is_pushed_slowly():
+    """Sequential short calls: busy, free (what was pushed), busy again before
+    the fast push went out: the push moves to slow after the change began."""
+    r = PushRule(fast=0.002, slow=0.05)
+    r.done((False, 0, 0))
+    assert r.changed((True, 1, 0), True, 1.0) == 1.002             # busy: fast
+    assert r.changed((False, 0, 0), False, 1.0003) is None         # back to what was pushed
+    assert r.changed((True, 1, 0), True, 1.0006) == 1.05           # busy again: flapping, later
+    assert r.changed((False, 0, 0), False, 1.0009) is None
+    assert r.changed((True, 1, 0), True, 1.0012) is None           # already postponed: the timer stands
+    assert r.take((True, 1, 0), False) is True                     # pushed at 1.05 with the load then
+    # a replica that stays busy is still pushed fast (the staleness row)
+    assert r.changed((False, 0, 0), False, 2.0) == 2.002
+    assert r.take((False, 0, 0), False) is True
+    assert r.changed((True, 1, 0), True, 3.0) == 3.002
+    assert r.changed((True, 1, 1), True, 3.001) is None            # a longer queue: no bounce, as before
+    assert r.take((True, 1, 1), False) is True
+    # a bounce that ends the pending change: nothing sent, the next change starts afresh
+    assert r.changed((False, 0, 0), False, 4.0) == 4.002
+    assert r.changed((True, 1, 1), True, 4.001) is None
+    assert r.take((True, 1, 1), False) is False and r.due is None and not r.bounced
+    assert r.changed((False, 0, 0), False, 5.0) == 5.002
+
+
 def test_silent_child_costs_a_learnt_deadline_not_the_budget():
     lat = ChildLatency(floor=0.05, factor=4.0)
     assert lat.deadline(["a"], 2.0) == 2.0                         # nothing learnt yet

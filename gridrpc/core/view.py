@@ -54,22 +54,42 @@ class PushRule:
     """When a SeD replica pushes its snapshot: a change of whether it has a
     free slot is pushed after ``fast`` (coalesced), any other change of its
     load after ``slow``; nothing when the load is what was pushed last. The
-    runtime also pushes with every heartbeat (``refresh``)."""
+    runtime also pushes with every heartbeat (``refresh``).
 
-    __slots__ = ("fast", "slow", "pushed", "due")
+    A replica that *flaps* — back to what was pushed, then free/busy again,
+    before the pending push went out (one client's sequential short calls:
+    busy 0.3 ms of every 0.6) — is pushed once ``slow`` after the change
+    began, with whatever its load is then: a push every 2 ms showed a random
+    phase of a sub-millisecond cycle and cost every agent above a message.
+    ``changed`` then returns a time *later* than the push it had announced:
+    the runtime re-arms its timer (it cancels the old one on every return)."""
+
+    __slots__ = ("fast", "slow", "pushed", "due", "since", "bounced")
 
     def __init__(self, fast: float = PUSH_INTERVAL, slow: float = SLOW_PUSH_INTERVAL) -> None:
         self.fast, self.slow = fast, slow
         self.pushed: tuple | None = None        # load key last pushed
         self.due: float | None = None
+        self.since: float | None = None         # when the pending change began
+        self.bounced = False                    # the load came back to what was pushed meanwhile
 
     def changed(self, key: tuple, busy: bool, now: float) -> float | None:
         """The load is now ``key`` (``busy``: no free slot). Returns when a
         push is due (None: nothing to push or already scheduled earlier)."""
         if key == self.pushed:
+            if self.due is not None:
+                self.bounced = True
             return None
         was_busy = self.pushed[0] if self.pushed is not None else None
-        at = now + (self.fast if busy != was_busy else self.slow)
+        flip = busy != was_busy
+        if self.due is None:
+            self.since, self.bounced = now, False
+        elif self.bounced and flip and self.since is not None:
+            if self.due < self.since + self.slow:
+                self.due = self.since + self.slow   # flapping: once, slow after it began
+                return self.due
+            return None                             # postponed already
+        at = now + (self.fast if flip else self.slow)
         if self.due is not None and self.due <= at:
             return None
         self.due = at
@@ -77,7 +97,8 @@ class PushRule:
 
     def done(self, key: tuple) -> None:
         self.pushed = key
-        self.due = None
+        self.due = self.since = None
+        self.bounced = False
 
     def take(self, key: tuple, force: bool) -> bool:
         """A push is due (its timer fired, ``force``: a heartbeat or a
@@ -85,7 +106,8 @@ class PushRule:
         ``force``d, nothing is sent when the load came back to what was
         pushed last (a call shorter than the coalescing delay)."""
         if not force and key == self.pushed:
-            self.due = None
+            self.due = self.since = None
+            self.bounced = False
             return False
         self.done(key)
         return True

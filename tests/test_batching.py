@@ -106,6 +106,13 @@ def test_raw_batch_gets_batched_answers_in_order(tree):
     ([m.dumps(m.make(MsgType.BATCH, "b", n=[1] * 600))] + [b"{}"] * 600, "at most 512"),
     ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 2])), m.dumps(m.make(MsgType.PING, "x")),
       m.dumps(m.make(MsgType.BATCH, "b2", n=[1])), m.dumps(m.make(MsgType.PING, "y"))], "batch cannot hold a batch"),
+    # packed headers (one frame holding every header; "sizes" their lengths)
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 1], sizes=[60, 60])), b"{}" * 30], "add up to 120 bytes"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 1], sizes=[10])), b"x" * 10], "1 header sizes for 2"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 2], sizes=[2, 2])), b"{}{}"], "counts say 2 frames"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 1], sizes=[-2, 4])), b"{}{}"], "sizes"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 1], sizes=[2, 1 << 30])), b"{}{}"], "sizes"),
+    ([m.dumps(m.make(MsgType.BATCH, "b", n=[1, 1], sizes="22")), b"{}{}"], "sizes"),
 ])
 def test_bad_batches_are_refused_and_the_sed_keeps_serving(tree, frames, reason):
     replies = _raw_exchange(_sed_address(tree), frames)
@@ -114,6 +121,24 @@ def test_bad_batches_are_refused_and_the_sed_keeps_serving(tree, frames, reason)
     assert "protocol" in texts and reason in texts
     with gridrpc.Client(tree.ma_address, user="carol") as c:
         assert c.call("add", 2, 2, server=tree.sed_names()[0]) == 4
+
+
+def test_packed_batch_with_buffers_round_trips():
+    """Headers packed in one frame, each message's buffers after it in order."""
+    msgs = [[m.dumps(m.make(MsgType.PING, "a", ids=[]))],
+            [m.dumps(m.make(MsgType.PING, "b", ids=[])), b"buf-b1", b"buf-b2"],
+            [m.dumps(m.make(MsgType.PING, "c", ids=[])), b"buf-c"]]
+    frames = m.batch(msgs)
+    assert len(frames) == 2 + 3                                  # envelope, pack, three buffers
+    mt, h = m.parse_header(frames[0])
+    assert mt is MsgType.BATCH and h["n"] == [1, 3, 2] and len(h["sizes"]) == 3
+    assert m.unbatch(h, frames[1:]) == msgs
+    # a header that is not bytes (a zmq frame, a memoryview) keeps the frame-per-message form
+    mixed = [[memoryview(msgs[0][0])], msgs[1]]
+    frames = m.batch(mixed)
+    mt, h = m.parse_header(frames[0])
+    assert "sizes" not in h and [list(map(bytes, p)) for p in m.unbatch(h, frames[1:])] == \
+        [[msgs[0][0]], msgs[1]]
 
 
 def test_a_bad_message_inside_a_batch_fails_alone(tree):

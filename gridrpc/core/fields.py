@@ -239,6 +239,9 @@ VIEW_ENTRY = (_view_entry, "a snapshot {\"name\": element name, \"services\": {s
 
 _counts, _counts_what = list_of(integer(1, MAX_BATCH_PART), MAX_BATCH)
 BATCH_COUNTS = ((lambda v: _counts(v) and len(v) >= 1), f"{_counts_what} (at least one)")
+MAX_PACKED_HEADER = 1 << 20     # bytes of one header packed in a batch's first frame
+_sizes, _sizes_what = list_of(integer(2, MAX_PACKED_HEADER), MAX_BATCH)
+BATCH_SIZES = ((lambda v: _sizes(v) and len(v) >= 1), f"{_sizes_what} (bytes of each packed header)")
 
 
 def _fields(*specs) -> tuple:
@@ -292,7 +295,7 @@ BY_TYPE: dict[str, tuple] = {
                         ("wait", False, *number(0, 86_400)), ("transfer", False, *BOOL),
                         ("sed", False, *NAME)),
     # several messages to/from one peer in one zmq message: n[i] frames (header + buffers) each
-    "batch": _fields(("n", True, *BATCH_COUNTS)),
+    "batch": _fields(("n", True, *BATCH_COUNTS), ("sizes", False, *BATCH_SIZES)),
     "data_free": _fields(("ref", True, *ID), ("user", False, *TEXT_SHORT)),
     "data": _fields(("ref", True, *ID), ("holder", False, *NAME), ("size", False, *integer(0, 2**62)),
                     ("mode", False, *DATA_MODE), ("value", False, *ANY)),

@@ -140,12 +140,25 @@ def error_header(id_: str, kind: str, message: str, *, type_: str = "", tracebac
 def batch(messages: list[list]) -> list:
     """One envelope for several messages to the same peer: a BATCH header
     saying how many frames each message has, then every message's frames
-    (its header, then its buffers). At most ``MAX_BATCH`` messages."""
+    (its header, then its buffers). At most ``MAX_BATCH`` messages.
+
+    When every header is ``bytes`` they travel *packed*: one frame holding
+    them end to end, their lengths in the envelope's ``sizes``, then the
+    messages' buffers in order (one frame per message cost a zmq send and a
+    receive each: a burst of 14,100 calls was 28,000 frames)."""
     if not 1 < len(messages) <= _fields.MAX_BATCH:
         raise ValueError(f"a batch holds 2 to {_fields.MAX_BATCH} messages, not {len(messages)}")
-    frames: list = [dumps(make(MsgType.BATCH, "b", n=[len(msg) for msg in messages]))]
+    heads = [msg[0] for msg in messages]
+    if all(type(h) is bytes for h in heads):
+        frames: list = [dumps(make(MsgType.BATCH, "b", n=[len(msg) for msg in messages],
+                                   sizes=[len(h) for h in heads])), b"".join(heads)]
+        for msg in messages:
+            if len(msg) > 1:
+                frames += msg[1:]
+        return frames
+    frames = [dumps(make(MsgType.BATCH, "b", n=[len(msg) for msg in messages]))]
     for msg in messages:
-        frames.extend(msg)
+        frames += msg
     return frames
 
 
@@ -161,10 +174,27 @@ def unbatch(header: dict, frames: list) -> list[list]:
     the counts do not add up; a batch inside a batch is refused by whoever
     parses the inner headers (they must not be BATCH)."""
     n = header["n"]
-    if sum(n) != len(frames):
-        raise ProtocolError(f"batch: the counts say {sum(n)} frames, the message has {len(frames)}")
-    out, i = [], 0
-    for k in n:
-        out.append(frames[i:i + k])
-        i += k
+    sizes = header.get("sizes")
+    if sizes is None:
+        if sum(n) != len(frames):
+            raise ProtocolError(f"batch: the counts say {sum(n)} frames, the message has {len(frames)}")
+        out, i = [], 0
+        for k in n:
+            out.append(frames[i:i + k])
+            i += k
+        return out
+    # packed: frames[0] holds every header end to end, then each message's buffers
+    if len(sizes) != len(n):
+        raise ProtocolError(f"batch: {len(sizes)} header sizes for {len(n)} messages")
+    if sum(n) - len(n) + 1 != len(frames):
+        raise ProtocolError(f"batch: the counts say {sum(n) - len(n) + 1} frames, the message has {len(frames)}")
+    pack = frames[0]
+    pack = pack.bytes if hasattr(pack, "bytes") else bytes(pack)
+    if sum(sizes) != len(pack):
+        raise ProtocolError(f"batch: the header sizes add up to {sum(sizes)} bytes, the frame has {len(pack)}")
+    out, at, i = [], 0, 1
+    for k, size in zip(n, sizes):
+        out.append([pack[at:at + size], *frames[i:i + k - 1]])
+        at += size
+        i += k - 1
     return out

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import zmq
 
@@ -59,6 +59,9 @@ class Incoming:
     frames: list                     # every frame as received (routing + header + buffers)
     received: float = 0.0            # time.monotonic() at parse
     secure: bool = True              # False: the socket runs no CURVE, so no frame carries a User-Id
+    #: the frame whose User-Id says who sent it: the header's, or for a message of a batch whose
+    #: headers came packed in one frame, the envelope's (every frame of a zmq message has one sender)
+    auth: Any = None
 
     @property
     def id(self) -> str:
@@ -75,7 +78,7 @@ class Incoming:
         """Authenticated user (ZAP User-Id) when the socket runs CURVE, else None."""
         if not self.secure:
             return None
-        f = self.frames[1] if len(self.frames) > 1 else None
+        f = self.auth if self.auth is not None else self.frames[1] if len(self.frames) > 1 else None
         try:
             uid = f.get("User-Id") if f is not None and hasattr(f, "get") else None
         except (zmq.ZMQError, KeyError, TypeError):
@@ -247,13 +250,14 @@ class Endpoint:
             log.debug("%s: could not send %d held answers: %s", self.name, len(held), exc)
 
     # -- receiving ------------------------------------------------------------
-    def _on_frames(self, frames: list, in_batch: bool = False) -> None:
+    def _on_frames(self, frames: list, in_batch: bool = False, auth: Any = None) -> None:
         try:
             route, mt, h, buffers = m.parse_routed(frames)
             if mt is MsgType.BATCH:
                 if in_batch:
                     raise ProtocolError("a batch cannot hold a batch")
                 parts = m.unbatch(h, buffers)
+                auth = frames[1]            # the envelope: its sender is every part's sender
         except ProtocolError as exc:
             self.stats.received += 1
             self.stats.bad_messages += 1
@@ -263,20 +267,20 @@ class Endpoint:
                 self.on_rejected(exc)
             return
         if mt is MsgType.BATCH:             # an envelope is not a message: its parts are
-            self._on_batch(route, parts)
+            self._on_batch(route, parts, auth)
             return
         self.stats.received += 1
         self.dispatch(Incoming(route=route, type=mt, header=h, buffers=buffers, frames=frames,
-                               received=time.monotonic(), secure=self._secure))
+                               received=time.monotonic(), secure=self._secure, auth=auth))
 
-    def _on_batch(self, route: list, parts: list[list]) -> None:
+    def _on_batch(self, route: list, parts: list[list], auth: Any = None) -> None:
         """Each message of a batch handled in order, as if it came alone; the
         answers to its sender go back together."""
         self.stats.batches += 1
         self._held, self._held_route = [], route
         try:
             for part in parts:
-                self._on_frames([*route, *part], in_batch=True)
+                self._on_frames([*route, *part], in_batch=True, auth=auth)
         finally:
             self._flush_held()
             self._held = None

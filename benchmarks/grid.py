@@ -17,6 +17,7 @@ an MA, then one with ``--replicas 100``.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -31,7 +32,8 @@ TREE_ITEMS = ("call_discovery", "call_bound", "call_discovery_sync", "call_bound
               "throughput_bound", "throughput_discovery", "array_8mb")
 # diagnostics (no target): where the time of the items above goes
 DIAG_ITEMS = ("discover_4", "discover_4_fanout", "call_bound_inline", "throughput_bound_inline", "array_8mb_inline",
-              "call_discovery_ask", "throughput_discovery_ask")
+              "call_discovery_ask", "throughput_discovery_ask", "call_bound_pinned", "throughput_bound_pinned")
+PINNED_ITEMS = ("call_bound_pinned", "throughput_bound_pinned")
 # the same tree with CURVE on every link; each compared with its plain item of the same run
 CURVE_ITEMS = ("call_discovery_curve", "call_bound_curve", "throughput_bound_curve", "array_8mb_curve")
 PLAIN_OF = {i: i.removesuffix("_curve") for i in CURVE_ITEMS}
@@ -141,7 +143,8 @@ async def _bw(handle, quick: bool) -> dict:
 
 
 async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str], quick: bool,
-                      probe: CpuProbe | None = None, client_kw: dict | None = None) -> dict:
+                      probe: CpuProbe | None = None, client_kw: dict | None = None,
+                      pinned: tuple[str, list, list] | None = None) -> dict:
     res: dict = {}
     seq_n = 200 if quick else 3000
     tp_n = 400 if quick else 5000
@@ -170,6 +173,21 @@ async def _tree_async(ma: str, bound_to: str, inline: str | None, items: set[str
                 if "throughput_discovery_ask" in items:
                     res["throughput_discovery_ask"] = await _throughput(lambda: ask.call("add", 1, 2), tp_n, 256,
                                                                         rep, probe)
+        if pinned:
+            # a SeD started with --cpus (its process, zmq thread and worker on one CPU), this client bound
+            # to the other CPUs for these rows only (docs/performance.md, "CPU binding")
+            from gridrpc.affinity import bind_cpus
+            where, _sed_cpus, client_cpus = pinned
+            ph = c.handle("add", server=await c.resolve(where))
+            before = sorted(os.sched_getaffinity(0))
+            bind_cpus(client_cpus)
+            try:
+                if "call_bound_pinned" in items:
+                    res["call_bound_pinned"] = await _seq(lambda: ph(1, 2), 50, seq_n, probe)
+                if "throughput_bound_pinned" in items:
+                    res["throughput_bound_pinned"] = await _throughput(lambda: ph(1, 2), tp_n, 256, rep, probe)
+            finally:
+                bind_cpus(before, check=False)
         if inline:
             srv = await c.resolve(inline)
             ib = c.handle("add", server=srv)
@@ -200,7 +218,14 @@ def run_tree(procs: Procs, items: set[str], quick: bool, secure: bool = False) -
     roles = {"ma": [tree["ma"].pid], "la": [p.pid for p in tree["las"]], "sed": [p.pid for p in tree["seds"]]}
     if inline:
         roles["sed"].append(p.pid)
-    res = asyncio.run(_tree_async(ma, bound_to, inline, items, quick, CpuProbe(roles, 0.5 if quick else 2.0), kw))
+    pinned = None
+    cpus = sorted(os.sched_getaffinity(0))
+    if set(PINNED_ITEMS) & items and len(cpus) >= 2:
+        pp = procs.daemon("sed", "sed-pinned", "--examples", "--cpus", str(cpus[-1])).wait_ready()
+        pinned = (f"{pp.address}#sed-pinned", cpus[-1:], cpus[:-1])
+        roles["sed"].append(pp.pid)
+    res = asyncio.run(_tree_async(ma, bound_to, inline, items, quick, CpuProbe(roles, 0.5 if quick else 2.0), kw,
+                                  pinned))
     seq_n = 200 if quick else 3000
     if {"call_discovery_sync", "call_bound_sync"} & items:
         with gridrpc.Client(ma, **kw) as c:
@@ -211,7 +236,9 @@ def run_tree(procs: Procs, items: set[str], quick: bool, secure: bool = False) -
                 res["call_bound_sync"] = _seq_sync(lambda: h(1, 2), 50, seq_n)
     for k, v in res.items():
         v["tree"] = "MA -> 2 LAs -> 4 SeDs (separate processes)" + (", CURVE on every link" if secure else "")
-        v["bound_to"] = "sed-inline (--isolation inline, no parent)" if k.endswith("_inline") else bound_to
+        v["bound_to"] = ("sed-inline (--isolation inline, no parent)" if k.endswith("_inline") else
+                         f"sed-pinned (--cpus {pinned[1][0]}, no parent; client on CPUs {pinned[2]})"
+                         if k.endswith("_pinned") and pinned else bound_to)
     if secure:
         return {**{k + "_curve": v for k, v in res.items()}, "_setup_s": {"tree_a_curve": setup}}
     res["_setup_s"] = {"tree_a": setup}

@@ -345,3 +345,18 @@ def test_gather_needs_the_ethic_queue_and_reaches_the_command_line(tmp_path):
     assert "seds[0].gather" in msg and "applies to queue 'ethic' only" in msg
     msg = problems(write(tmp_path, GOOD.replace("kill_grace: 1.5", "gather: 99"), "g.yaml"))
     assert "seds[1].gather" in msg and "[0, 60]" in msg
+
+
+def test_cpus_reaches_every_command_line_and_is_checked(tmp_path):
+    text = (GOOD.replace("queue: fcfs}", "queue: fcfs, cpus: 0-1}")
+            .replace("port: 5555, http_port: 8080}", "port: 5555, http_port: 8080, cpus: 1}")
+            .replace("{name: LA1, parent: MA, host: localhost}", "{name: LA1, parent: MA, host: localhost, cpus: [1, 0]}"))
+    spec = load(write(tmp_path, text))
+    assert spec.element("sed-1").options["cpus"] == "0,1"
+    assert spec.element("MA").options["cpus"] == "1" and spec.element("LA1").options["cpus"] == "0,1"
+    cmd = sed_command(tmp_path, spec, "sed-1")
+    assert cmd[cmd.index("--cpus") + 1] == "0,1"
+    assert "--cpus" not in sed_command(tmp_path, spec, "sed-2")
+    for bad in ("cpus: -1}", "cpus: 3-1}", "cpus: x}", "cpus: []}"):
+        msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", f"queue: fcfs, {bad}"), "b.yaml"))
+        assert "seds[0].cpus" in msg, msg

@@ -64,6 +64,9 @@ def _view_opts(p: argparse.ArgumentParser, root: bool) -> None:
 
 
 def _common_daemon(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run this process (and, for a SeD, its worker processes) on these CPUs only, e.g. "
+                        "1 or 0,2-3 (like taskset; docs/performance.md, 'CPU binding'); default: any")
     p.add_argument("--name", type=_element_name, required=default_port != 5555,
                    default="MA" if default_port == 5555 else None,
                    help="element name, unique in the tree (letters, digits, '_', '.', '-')")
@@ -211,6 +214,9 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     address = f"tcp://{a.host}:{a.port}"
     hb = dict(hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
     try:
+        if a.cpus is not None:
+            from ..affinity import bind_cpus
+            bind_cpus(a.cpus)           # before any worker is forked: they inherit it
         from ..address import parse_addresses
         parent = (",".join(parse_addresses(a.parent, what="--parent")) if getattr(a, "parent", None) else None)
         from ..plugins import load_aggregator_plugins

@@ -236,6 +236,8 @@ class Deployment(StartUp, TearDown, DeploymentState):
             if e.kind == "ma" and e.options.get("view_max_age") is not None:
                 cmd += ["--view-max-age", f"{e.options['view_max_age']:g}"]
         o = e.options
+        if o.get("cpus") is not None:
+            cmd += ["--cpus", str(o["cpus"])]
         if e.kind == "ma" and e.http_port is not None:
             cmd += ["--http-port", str(e.http_port), "--http-host", self.bind_host(e)]
         orphan = self.spec.orphan_timeout_for(e)

@@ -36,10 +36,10 @@ LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
 TOP_KEYS = frozenset({"master_agent", "local_agents", "seds", "hosts", "name", "heartbeat", "orphan_timeout",
                       "plugins", "security"})
 MA_KEYS = frozenset({"name", "host", "port", "http_port", "peers", "peer_keys", "peer_hops", "peer_busy_wait",
-                     "view", "view_max_age"})
-LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout", "view"})
+                     "view", "view_max_age", "cpus"})
+LA_KEYS = frozenset({"name", "parent", "host", "port", "orphan_timeout", "view", "cpus"})
 SED_KEYS = frozenset({"name", "parent", "host", "port", "services", "examples", "max_concurrent", "queue",
-                      "replicas", "workers", "prestart_workers", "isolation", "kill_grace", "gather", "kind", "orphan_timeout", "args",
+                      "replicas", "workers", "prestart_workers", "cpus", "isolation", "kill_grace", "gather", "kind", "orphan_timeout", "args",
                       "scheduler", "partition", "options", "result_cache_bytes", "max_message_size",
                       "allow", "groups", "max_calls_per_user", "data_memory_bytes", "data_disk_bytes",
                       "data_policy", "data_dir", "data_bytes_per_user"})

@@ -56,6 +56,21 @@ def _finite(v: float) -> float:
     return v
 
 
+def _cpus(v: Any) -> Any:
+    """CPU binding (gridrpc ma|la|sed --cpus): "0,2-3", a CPU number or a list of them; kept as text."""
+    if v is None:
+        return None
+    from ..affinity import format_cpus, parse_cpus
+    from ..errors import ConfigError
+    try:
+        return format_cpus(parse_cpus([v] if type(v) is int else v))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+Cpus = Annotated[Any, AfterValidator(_cpus)]
+
+
 def _name(v: str) -> str:
     from ..core.messages import valid_name
     if not valid_name(v):
@@ -218,6 +233,8 @@ class MasterAgentModel(_Model):
     view: bool | None = None
     #: seconds a pushed snapshot counts as fresh for a view answer (gridrpc ma --view-max-age; default 1.5)
     view_max_age: NonNegFloat | None = None
+    #: CPUs the process runs on (gridrpc ma --cpus): "1", "0,2-3" or a list
+    cpus: Cpus = None
     # peer_keys against peers, and peer_hops without peers: schema.check (with the key's line)
 
 
@@ -229,6 +246,8 @@ class LocalAgentModel(_Model):
     orphan_timeout: Orphan = None
     #: false: keep no view of the subtree and push none up (gridrpc la --no-view): its SeDs are found by fan-out
     view: bool | None = None
+    #: CPUs the process runs on (gridrpc la --cpus)
+    cpus: Cpus = None
 
 
 class SedModel(_Model):
@@ -244,6 +263,8 @@ class SedModel(_Model):
     replicas: PosInt | None = None
     workers: PosInt | None = None
     prestart_workers: NonNegInt | None = None
+    #: CPUs the SeD process and its workers run on (gridrpc sed --cpus)
+    cpus: Cpus = None
     isolation: Literal["process", "inline"] | None = None
     kill_grace: NonNegFloat | None = None
     gather: NonNegFloat | None = None

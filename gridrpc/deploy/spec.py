@@ -225,6 +225,8 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
             options["view"] = ma.view
         if ma.view_max_age is not None:
             options["view_max_age"] = ma.view_max_age
+        if ma.cpus is not None:
+            options["cpus"] = ma.cpus
         elements.append(ElementSpec(name=ma.name, kind="ma", host=ma.host, port=ma.port, http_port=ma.http_port,
                                     options=options))
     for la, raw in zip(checked.local_agents, data.get("local_agents") or []):
@@ -232,12 +234,14 @@ def parse(data: Any, *, name: str = "deployment", path: str | None = None,
         options = {} if ot is _UNSET else {"orphan_timeout": ot}
         if la.view is not None:
             options["view"] = la.view
+        if la.cpus is not None:
+            options["cpus"] = la.cpus
         elements.append(ElementSpec(name=la.name, kind="la", host=la.host, parent=la.parent, port=la.port,
                                     options=options))
     for sed, raw in zip(checked.seds, data.get("seds") or []):
         options = {k: v for k, v in raw.items() if k not in ("name", "parent", "host", "port")}
         for key in ("services", "examples", "max_concurrent", "queue", "replicas", "workers", "prestart_workers",
-                    "isolation", "kill_grace", "gather", "kind", "args", "scheduler", "partition"):
+                    "cpus", "isolation", "kill_grace", "gather", "kind", "args", "scheduler", "partition"):
             if key in raw:
                 options[key] = getattr(sed, key)            # validated values (ints are ints, ...)
         if "orphan_timeout" in raw:

@@ -41,6 +41,10 @@ share of CPU on zmq's I/O thread (``io_share``) are fitted so that the
 simulated discovery medians match the measured ones (least squares of the
 log error on the runs taken at a load average below ``max_load``).
 
+Several studies (``--study`` given more than once, :func:`merge_studies`):
+every run of every file is a row of the fit, each against its own measured
+CPU; a tree measured in several files is simulated once per pass.
+
 Output (``-o FILE``, the JSON of :class:`gridrpc.sim.model.Costs`):
 ``wakeups``/``msgs``/``items`` (CPU seconds per kind), ``exec_cpu``,
 ``call_cpu``, ``local_latency``, ``io_share``, ``wake_tail``,
@@ -121,10 +125,20 @@ def fit_rows(study: dict, costs: Costs, progress=lambda s: None) -> dict[str, li
                 continue
             rows[c["kind"]].append(([c[col] for col in FITTED[c["kind"]]], max(0.0, y - extra(c)), what,
                                     c["crowd"]))
+    # a tree measured in several studies (merge_studies) is counted once per pass: the counts
+    # depend only on the tree, the users and the costs (the simulation is deterministic)
+    disc_counts: dict = {}
+    load_counts: dict = {}
     for run in study["runs"]:
-        add(count_discovery(run["shape"], run["n"], costs), measured_cpu(run), "discovery")
+        key = (run["shape"], run["n"])
+        if key not in disc_counts:
+            disc_counts[key] = count_discovery(run["shape"], run["n"], costs)
+        add(disc_counts[key], measured_cpu(run), "discovery")
         for step in load_steps(run):
-            cnt, _ = count_load(run["shape"], run["n"], step["users"], costs)
+            lkey = key + (step["users"],)
+            if lkey not in load_counts:
+                load_counts[lkey] = count_load(run["shape"], run["n"], step["users"], costs)[0]
+            cnt = {el: dict(c) for el, c in load_counts[lkey].items()}
             for c in cnt.values():          # a share of a core whatever the calls: seconds per call
                 c["background"] = 1.0 / step["rps"]
             add(cnt, measured_step_cpu(run, step), "load", lambda c: c["execs"] * costs.exec_cpu)
@@ -226,10 +240,38 @@ def fit(study: dict, suite: dict | None = None, *, max_load: float = 15.0, itera
                  "latency_runs": sum(1 for r in study["runs"] if (r.get("loadavg_before") or 0.0) <= max_load),
                  "runs": [{"n": r["n"], "shape": r["shape"], "load": r.get("loadavg_before"),
                            "load_steps": len(load_steps(r))} for r in study["runs"]]}
-    costs.source = (f"gridrpc sim calibrate: {len(study['runs'])} trees of {study['meta'].get('command', '?')} "
-                    f"({study['meta'].get('date', '?')}, {study['meta'].get('cpus', '?')} CPUs), "
-                    f"discoveries and load steps")
+    costs.source = f"gridrpc sim calibrate: {_describe(study)}, discoveries and load steps"
     return costs
+
+
+def _describe(study: dict) -> str:
+    """What the fit was made from, for ``Costs.source``."""
+    parts = study["meta"].get("merged")
+    if not parts:
+        m = study["meta"]
+        return (f"{len(study['runs'])} trees of {m.get('command', '?')} "
+                f"({m.get('date', '?')}, {m.get('cpus', '?')} CPUs)")
+    trees = len({(r["shape"], r["n"]) for r in study["runs"]})
+    return (f"{len(study['runs'])} runs of {trees} trees from {len(parts)} studies: "
+            + "; ".join(f"{p['runs']} trees of {p['file']} ({p['command']}, {p['date']}, {p['cpus']} CPUs)"
+                        for p in parts))
+
+
+def merge_studies(studies: list[tuple[str, dict]]) -> dict:
+    """Several measurements of the study as one (``[(file, study), ...]``):
+    every run of every study is a row of the fit (a tree measured twice
+    gives two rows, each counted against its own CPU figures); one study is
+    returned as it is."""
+    if len(studies) == 1:
+        return studies[0][1]
+    runs = []
+    parts = []
+    for i, (name, s) in enumerate(studies):
+        runs.extend(dict(r, study=i) for r in s["runs"])
+        m = s.get("meta", {})
+        parts.append({"file": name, "runs": len(s["runs"]), "command": m.get("command", "?"),
+                      "date": m.get("date", "?"), "cpus": m.get("cpus", "?")})
+    return {"meta": {"merged": parts}, "runs": runs}
 
 
 def _fit_latency(study: dict, costs: Costs, max_load: float, progress) -> None:
@@ -246,10 +288,14 @@ def _fit_latency(study: dict, costs: Costs, max_load: float, progress) -> None:
         for tail in (0.0, 0.25, 0.5, 0.75, 1.0):
             costs.io_share, costs.wake_tail = share, tail
             bases, xs = [], []
+            sims: dict = {}             # a tree measured in several studies is simulated once
             for run in runs:
-                base = _median(run, costs, 0.0)
-                bases.append(base)
-                xs.append((_median(run, costs, 1e-4) - base) / 1e-4)
+                key = (run["shape"], run["n"])
+                if key not in sims:
+                    base = _median(run, costs, 0.0)
+                    sims[key] = (base, (_median(run, costs, 1e-4) - base) / 1e-4)
+                bases.append(sims[key][0])
+                xs.append(sims[key][1])
             sse, lat = min((sum(math.log(max(b + x * L, 1e-9) / mm) ** 2 for b, x, mm in zip(bases, xs, meas)), L)
                            for L in (i * 5e-6 for i in range(0, 301)))
             progress(f"  io share {share:.1f}, wake tail {tail:.2f}: local latency {lat * 1e6:6.1f} us, "
@@ -276,7 +322,11 @@ def load_inputs(study: str = STUDY, suite: str = SUITE) -> tuple[dict, dict | No
 
 
 def cmd_calibrate(a) -> int:
-    study, suite = load_inputs(a.study, a.suite)
+    files = a.study if isinstance(a.study, list) else [a.study] if a.study else []
+    files = files or [STUDY]
+    loaded = [load_inputs(f, a.suite) for f in files]
+    suite = loaded[0][1]
+    study = merge_studies([(Path(f).name, s) for f, (s, _) in zip(files, loaded)])
     costs = fit(study, suite, max_load=a.max_load, iterations=a.iterations, time_slice=a.time_slice / 1e3,
                 crowding=a.crowding,
                 progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -28,7 +28,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--costs")
     c = s.add_parser("calibrate", help="fit the costs to benchmarks' stored JSON results")
-    c.add_argument("--study", default="benchmarks/scalability/results/latest.json")
+    c.add_argument("--study", action="append",
+                   help="the study's JSON (default benchmarks/scalability/results/latest.json); give it "
+                        "several times to fit on several measurements together (every run a row)")
     c.add_argument("--suite", default="benchmarks/results/latest.json")
     c.add_argument("--max-load", type=float, default=15.0, help="latency fit: runs at load average <= this")
     c.add_argument("--iterations", type=int, default=3,
@@ -41,9 +43,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(x max(1, processes/cores) ** exponent); off: it did not improve the validation")
     c.add_argument("-o", "--output")
     v = s.add_parser("validate", help="predict every stored tree of the scalability study, compare")
-    v.add_argument("--study")
+    v.add_argument("--study", action="append",
+                   help="the study's JSON (default benchmarks/scalability/results/latest.json); give it "
+                        "several times to compare one prediction per tree with several measurements of it")
     v.add_argument("--costs")
-    v.add_argument("--max-load", type=float, default=None)
+    v.add_argument("--max-load", type=float, default=None,
+                   help="one study: count only the trees measured at this load average or less; several: "
+                        "leave out the measurements taken above it")
     v.add_argument("--seeds", type=int, default=3, help="closed-loop runs per tree (the median is compared)")
     v.add_argument("--json")
     v.add_argument("--plot")

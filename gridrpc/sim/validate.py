@@ -7,6 +7,15 @@ of the measured saturation point, discovery + call of ``noop``; the median
 of ``load_seeds`` seeds: with a few users a tree may settle in a batching or
 a waking regime, 345-411 calls/s for L2-7 at 8 users over 5 seeds), against
 the measured figures. Writes a JSON table and, with matplotlib, a plot.
+
+Several measurements of the same trees (``--study`` given more than once,
+:func:`validate_many`): one prediction per tree, compared with each
+measurement; per tree, whether it is within 15 % of at least one of them
+and whether it lies within the measured range widened by 15 % (from 0.85 x
+the lowest to 1.15 x the highest: the criterion that fits a host whose own
+run-to-run spread is the size of the tolerance). The throughput predicted
+for a tree is the highest of the simulated closed loops at the users where
+the measurements saturated (each the median over ``load_seeds`` seeds).
 """
 from __future__ import annotations
 
@@ -30,14 +39,23 @@ def predict(shape: str, n: int, costs: Costs, *, users: int = 8, rounds: int = 2
     w = World(costs=costs, seed=seed).build(elements_for(shape, n))
     w.wait_registered()
     d = discovery_series(w, rounds=rounds)
+    return {"discovery_median_ms": d["discovery_median_ms"], "discovery_p99_ms": d["discovery_p99_ms"],
+            **predict_load(shape, n, costs, users=users, seconds=seconds, seed=seed, load_seeds=load_seeds)}
+
+
+def predict_load(shape: str, n: int, costs: Costs, *, users: int, seconds: float = 1.5, seed: int = 1,
+                 load_seeds: int = 1) -> dict:
+    """Closed-loop calls/s of ``users``: the median over seeds ``seed`` ..
+    ``seed + load_seeds - 1`` (every one in ``throughputs``)."""
+    if load_seeds < 1:
+        raise ValueError(f"load_seeds must be >= 1, not {load_seeds}")
     loads = []
     for s in range(seed, seed + load_seeds):
         w = World(costs=costs, seed=s).build(elements_for(shape, n))
         w.wait_registered()
         loads.append(closed_loop(w, users, seconds=seconds))
     t = sorted(loads, key=lambda r: r["throughput"])[(len(loads) - 1) // 2]      # the median run
-    return {"discovery_median_ms": d["discovery_median_ms"], "discovery_p99_ms": d["discovery_p99_ms"],
-            "throughput": t["throughput"], "throughputs": [r["throughput"] for r in loads],
+    return {"throughput": t["throughput"], "throughputs": [r["throughput"] for r in loads],
             "busiest": max(t["busy"], key=t["busy"].get), "ma_busy": t["ma_busy"]}
 
 
@@ -77,6 +95,243 @@ def validate(study: dict, costs: Costs, *, max_load: float | None = None, load_s
             "costs": costs.source}
 
 
+#: the tolerance of issue #16
+TOLERANCE = 0.15
+
+
+def study_labels(files: list[str]) -> list[str]:
+    """A short, distinct label per study file (its name without ``.json``)."""
+    labels = []
+    for f in files:
+        base = Path(f).name.removesuffix(".json")
+        label = base
+        i = 2
+        while label in labels:
+            label, i = f"{base}#{i}", i + 1
+        labels.append(label)
+    return labels
+
+
+def measurements(studies: list[tuple[str, dict]], max_load: float | None = None) -> dict[tuple, list[dict]]:
+    """``{(n, shape): [measurement, ...]}`` over ``[(label, study), ...]``,
+    trees by size, and in the order first seen within a size: each measurement is ``study`` (its label),
+    ``median_ms`` (discovery), ``rps`` (saturation), ``users`` (where it
+    saturated) and ``load`` (load average before the tree). With
+    ``max_load``, the measurements taken above it are left out (and a tree
+    left with none)."""
+    trees: dict[tuple, list[dict]] = {}
+    for label, study in studies:
+        for run in study["runs"]:
+            load = run.get("loadavg_before") or 0.0
+            if max_load is not None and load > max_load:
+                continue
+            trees.setdefault((run["n"], run["shape"]), []).append(
+                {"study": label, "median_ms": run["discovery"]["median_ms"],
+                 "rps": run["saturation"]["max_rps"], "users": run["saturation"]["users"],
+                 "load": round(load, 1)})
+    return dict(sorted(trees.items(), key=lambda kv: kv[0][0]))     # by size; within one, as first seen
+
+
+def judge(predicted: float, measured: list[float], tol: float = TOLERANCE) -> dict:
+    """One prediction against several measurements of one figure:
+    ``errors`` (predicted / measured - 1, in the order given), ``best_error``
+    (the smallest in size), ``within_one`` (within ``tol`` of at least one),
+    ``low``/``high`` (the measured range), ``spread`` (high / low - 1),
+    ``in_range`` (low x (1 - tol) <= predicted <= high x (1 + tol)) and
+    ``range_error`` (0 inside the measured range, else the error against
+    its nearer end)."""
+    if not measured:
+        raise ValueError("no measurement to compare with")
+    if any(m <= 0 for m in measured):
+        raise ValueError(f"measurements must be positive: {measured}")
+    errors = [predicted / m - 1 for m in measured]
+    low, high = min(measured), max(measured)
+    range_error = predicted / low - 1 if predicted < low else predicted / high - 1 if predicted > high else 0.0
+    return {"errors": errors, "best_error": min(errors, key=abs),
+            "within_one": any(abs(e) <= tol for e in errors),
+            "low": low, "high": high, "spread": high / low - 1,
+            "in_range": low * (1 - tol) <= predicted <= high * (1 + tol), "range_error": range_error}
+
+
+def summarise(rows: list[dict], key: str, labels: list[str], tol: float = TOLERANCE) -> dict:
+    """Counts over the trees for one figure (``key``: ``median`` or ``rps``):
+    ``within_one`` and ``in_range`` (of ``of`` trees), the median of
+    ``|best_error|`` and of ``|range_error|``; ``several`` the trees measured
+    more than once, ``spread_over_tol`` those of them whose measurements
+    differ by more than ``tol``, and ``in_range_several`` / ``within_one_several``
+    the counts on those trees; ``per_study[label]``: within ``tol`` of that
+    study's measurement (``within``, of ``of``, ``median_abs_error``), as a
+    single-study validation against it would count (apart from the
+    throughput, predicted here at the users of every measurement)."""
+    js = [r[key] for r in rows]
+    several = [(r, j) for r, j in zip(rows, js) if len(r["measurements"]) > 1]
+    per_study = {}
+    for label in labels:
+        errs = [abs(e) for r, j in zip(rows, js)
+                for m, e in zip(r["measurements"], j["errors"]) if m["study"] == label]
+        per_study[label] = {"within": sum(1 for e in errs if e <= tol), "of": len(errs),
+                            "median_abs_error": statistics.median(errs) if errs else None}
+    return {"of": len(js), "within_one": sum(1 for j in js if j["within_one"]),
+            "in_range": sum(1 for j in js if j["in_range"]),
+            "median_abs_best_error": statistics.median(abs(j["best_error"]) for j in js) if js else None,
+            "median_abs_range_error": statistics.median(abs(j["range_error"]) for j in js) if js else None,
+            "several": len(several), "spread_over_tol": sum(1 for _, j in several if j["spread"] > tol),
+            "within_one_several": sum(1 for _, j in several if j["within_one"]),
+            "in_range_several": sum(1 for _, j in several if j["in_range"]),
+            "per_study": per_study}
+
+
+def compare(trees: dict[tuple, list[dict]], predictions: dict[tuple, dict], labels: list[str],
+            tol: float = TOLERANCE) -> dict:
+    """The rows and counts of a comparison with several measurements:
+    ``predictions[(n, shape)]`` has ``median_ms`` and ``rps_by_users``
+    (simulated calls/s per number of users; the prediction is the highest
+    of those at the users where a measurement of the tree saturated)."""
+    rows = []
+    for key, ms in trees.items():
+        p = predictions[key]
+        by_users = {int(u): v for u, v in p["rps_by_users"].items()}
+        missing = {m["users"] for m in ms} - set(by_users)
+        if missing:
+            raise ValueError(f"{key}: no prediction at {sorted(missing)} users")
+        rps = max(by_users[m["users"]] for m in ms)
+        rows.append({"n": key[0], "shape": key[1], "measurements": ms,
+                     "predicted_median_ms": p["median_ms"], "predicted_rps": rps,
+                     "predicted_rps_by_users": {str(u): by_users[u] for u in sorted({m["users"] for m in ms})},
+                     "median": judge(p["median_ms"], [m["median_ms"] for m in ms], tol),
+                     "rps": judge(rps, [m["rps"] for m in ms], tol),
+                     **{k: v for k, v in p.items() if k not in ("median_ms", "rps_by_users")}})
+    # the best shape by discovery per size and study, measured and predicted among the trees it measured
+    best_shape: dict = {}
+    for r in rows:
+        for m in r["measurements"]:
+            b = best_shape.setdefault(r["n"], {}).setdefault(m["study"], {"_m": None, "_p": None})
+            if b["_m"] is None or m["median_ms"] < b["_m"]:
+                b["measured"], b["_m"] = r["shape"], m["median_ms"]
+            if b["_p"] is None or r["predicted_median_ms"] < b["_p"]:
+                b["predicted"], b["_p"] = r["shape"], r["predicted_median_ms"]
+    best_shape = {n: {s: {"measured": b["measured"], "predicted": b["predicted"]} for s, b in by.items()}
+                  for n, by in best_shape.items()}
+    return {"studies": labels, "tolerance": tol, "rows": rows,
+            "median": summarise(rows, "median", labels, tol), "throughput": summarise(rows, "rps", labels, tol),
+            "best_shape": best_shape}
+
+
+def validate_many(studies: list[tuple[str, dict]], costs: Costs, *, max_load: float | None = None,
+                  load_seeds: int = 3, progress=lambda s: None) -> dict:
+    """One prediction per tree of ``[(label, study), ...]``, compared with
+    every measurement of it (:func:`compare`)."""
+    trees = measurements(studies, max_load)
+    preds = {}
+    for (n, shape), ms in trees.items():
+        t = time.perf_counter()
+        w = World(costs=costs, seed=1).build(elements_for(shape, n))
+        w.wait_registered()
+        d = discovery_series(w, rounds=200)
+        by_users = {}
+        seeds = {}
+        for users in sorted({m["users"] for m in ms}):
+            lp = predict_load(shape, n, costs, users=users, load_seeds=load_seeds)
+            by_users[users] = lp["throughput"]
+            seeds[str(users)] = lp["throughputs"]
+        preds[(n, shape)] = {"median_ms": d["discovery_median_ms"], "rps_by_users": by_users,
+                             "predicted_rps_seeds": seeds, "sim_wall_s": time.perf_counter() - t}
+        progress(f"  {shape:6s} {n:4d}: discovery {d['discovery_median_ms']:6.2f} ms predicted, calls/s "
+                 + ", ".join(f"{v:.0f} at {u} users" for u, v in by_users.items()))
+    res = compare(trees, preds, [label for label, _ in studies])
+    res["costs"] = costs.source
+    return res
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}"
+
+
+def format_many(res: dict) -> str:
+    """The comparison with several measurements as text: a table per figure
+    and the counts."""
+    labels = res["studies"]
+    tol = res["tolerance"]
+    width = max(14, *(len(s) for s in labels))
+    out = []
+    for key, title, unit, fmt in (("median", "discovery median", "ms", "{:.2f}"),
+                                  ("rps", "throughput at saturation", "calls/s", "{:.0f}")):
+        pk = "predicted_median_ms" if key == "median" else "predicted_rps"
+        out.append(f"{title} ({unit}): predicted, and each measurement (prediction's error against it); "
+                   f"spread = highest / lowest measurement - 1; one = within {tol:.0%} of at least one; "
+                   f"range = within the measured range widened by {tol:.0%}")
+        out.append(f"{'SeDs':>5s} {'shape':6s} {'predicted':>9s} | "
+                   + " ".join(f"{s:>{width}s}" for s in labels) + f" | {'spread':>6s} {'one':>3s} {'range':>5s}")
+        for r in res["rows"]:
+            by = {m["study"]: (m, e) for m, e in zip(r["measurements"], r[key]["errors"])}
+            cells = []
+            for s in labels:
+                if s in by:
+                    m, e = by[s]
+                    v = m["median_ms"] if key == "median" else m["rps"]
+                    cells.append(f"{fmt.format(v) + ' (' + _pct(e) + ')':>{width}s}")
+                else:
+                    cells.append(f"{'-':>{width}s}")
+            j = r[key]
+            spread = f"{j['spread']:.0%}" if len(r["measurements"]) > 1 else "-"
+            out.append(f"{r['n']:5d} {r['shape']:6s} {fmt.format(r[pk]):>9s} | " + " ".join(cells)
+                       + f" | {spread:>6s} {'yes' if j['within_one'] else 'no':>3s} "
+                         f"{'yes' if j['in_range'] else 'no':>5s}")
+        sm = res["median" if key == "median" else "throughput"]
+        out.append(f"{title}: within {tol:.0%} of at least one measurement {sm['within_one']}/{sm['of']} "
+                   f"(median |error| against the nearest {sm['median_abs_best_error']:.0%}); within the measured "
+                   f"range widened by {tol:.0%}: {sm['in_range']}/{sm['of']}")
+        out.append(f"  trees measured more than once: {sm['several']}, whose measurements differ by more than "
+                   f"{tol:.0%}: {sm['spread_over_tol']}; on them: within {tol:.0%} of one {sm['within_one_several']}"
+                   f"/{sm['several']}, in the widened range {sm['in_range_several']}/{sm['several']}")
+        out.append("  against each study alone: " + "; ".join(
+            f"{s} {v['within']}/{v['of']} within {tol:.0%} (median |error| "
+            f"{'-' if v['median_abs_error'] is None else format(v['median_abs_error'], '.0%')})"
+            for s, v in sm["per_study"].items()))
+        out.append("")
+    out.append("best shape by discovery median, among the trees each study measured:")
+    for n, by in res["best_shape"].items():
+        out.append(f"{n:5d} SeDs: " + "; ".join(
+            f"{s} measured {by[s]['measured']}, predicted {by[s]['predicted']}" for s in labels if s in by))
+    return "\n".join(out)
+
+
+def plot_many(res: dict, path: Path) -> bool:
+    """Predicted (y) against the measured range (x: a segment from the
+    lowest to the highest measurement, a dot per measurement)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = res["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, (key, pk, title) in zip(axes, (("median", "predicted_median_ms", "discovery median (ms)"),
+                                           ("rps", "predicted_rps", "calls/s at saturation"))):
+        vals = []
+        for r in rows:
+            color = ("tab:blue" if r["shape"] == "flat" else "tab:orange" if r["shape"].startswith("L2")
+                     else "tab:red")
+            y = r[pk]
+            ms = [m["median_ms"] if key == "median" else m["rps"] for m in r["measurements"]]
+            ax.plot([min(ms), max(ms)], [y, y], "-", color=color, lw=1.2)
+            ax.scatter(ms, [y] * len(ms), c=color, s=14)
+            vals += ms + [y]
+        lo, hi = min(vals) * 0.8, max(vals) * 1.2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="gray", alpha=0.2)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {title} ({' / '.join(res['studies'])})")
+        ax.set_ylabel(f"simulated {title}")
+        ax.set_title(f"{title}: a segment spans a tree's measurements (band ±15 %)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    return True
+
+
 def plot(result: dict, path: Path) -> bool:
     try:
         import matplotlib
@@ -108,7 +363,10 @@ def plot(result: dict, path: Path) -> bool:
 
 
 def cmd_validate(a) -> int:
-    study, _ = load_inputs(a.study or STUDY)
+    files = a.study if isinstance(a.study, list) else [a.study] if a.study else []
+    if len(files) > 1:
+        return cmd_validate_many(a, files)
+    study, _ = load_inputs(files[0] if files else STUDY)
     costs = Costs.load(a.costs)
     res = validate(study, costs, max_load=a.max_load, load_seeds=a.seeds,
                    progress=lambda s: print(s, file=sys.stderr, flush=True))
@@ -122,4 +380,19 @@ def cmd_validate(a) -> int:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     if a.plot:
         plot(res, Path(a.plot))
+    return 0
+
+
+def cmd_validate_many(a, files: list[str]) -> int:
+    costs = Costs.load(a.costs)
+    labels = study_labels(files)
+    studies = [(label, load_inputs(f)[0]) for label, f in zip(labels, files)]
+    res = validate_many(studies, costs, max_load=a.max_load, load_seeds=a.seeds,
+                        progress=lambda s: print(s, file=sys.stderr, flush=True))
+    res["files"] = files
+    print(format_many(res))
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    if a.plot:
+        plot_many(res, Path(a.plot))
     return 0

@@ -6,6 +6,8 @@ import collections
 import time
 
 import gridrpc
+from gridrpc.core import messages as m
+from gridrpc.core.messages import MsgType
 from gridrpc.examples import services as example_services
 from gridrpc.testing import LocalTree, wait_for
 
@@ -100,3 +102,47 @@ def test_concurrent_clients_spread_over_servers():
         for max_age in (None, 0):
             spread = asyncio.run(herd(max_age))
             assert len(spread) == 4 and max(spread.values()) <= 6, (max_age, spread)
+
+
+def test_a_view_the_parent_never_got_is_sent_again(monkeypatch):
+    """An LA whose VIEW to the MA is dropped (the MA's queue full, seen once
+    at 2,000 SeDs: the MA then fanned out every discovery for good, its view
+    lacking idle SeDs that push only on change) pushes every snapshot again."""
+    from gridrpc.runtime.agent import AgentRuntime
+    monkeypatch.setattr(AgentRuntime, "VIEW_RESEND_S", 0.2)
+    t = LocalTree(las=1, seds_per_la=0, http=False)
+    t.start(wait=False)
+    try:
+        la = t.las[0]
+        link = la.link
+        orig = link.send
+        dropping = {"on": True, "dropped": 0}
+
+        def send(header, buffers=()):
+            if dropping["on"] and header.get("type") == "view":
+                dropping["dropped"] += 1
+                return False
+            return orig(header, buffers)
+        link.send = send
+        for j in range(2):
+            t.add_sed(f"sed-x-{j}", la.address)
+        t.wait_registered(2)
+        wait_for(lambda: dropping["dropped"] >= 1, 10, "a VIEW dropped")
+        time.sleep(0.3)
+        dropping["on"] = False
+
+        async def from_view():
+            async with gridrpc.AsyncClient(t.ma_address, reuse_discovery=0) as c:
+                seen = []
+                for _ in range(100):
+                    mt, r = await c._ma_request(m.make(MsgType.DISCOVER, f"d{len(seen)}", service="add", k=2,
+                                                       user="u", budget_ms=500.0, optional=False, args=[]), 5)
+                    seen.append(bool(r.get("view")))
+                    if seen[-1]:
+                        return seen
+                    await asyncio.sleep(0.05)
+                return seen
+        seen = t.lt.run(from_view())
+        assert seen and seen[-1], f"the MA never answered from its view after the drops: {seen[-5:]}"
+    finally:
+        t.stop()

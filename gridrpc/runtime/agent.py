@@ -93,6 +93,7 @@ class AgentRuntime:
         self._timer_at: float | None = None
         self._orphan_exit = False
         self._closing = False
+        self._view_resend: asyncio.TimerHandle | None = None     # _view_lost
 
     # -- what the dashboard, the tests and the tools read ----------------------------
     @property
@@ -160,6 +161,9 @@ class AgentRuntime:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._view_resend is not None:
+            self._view_resend.cancel()
+            self._view_resend = None
         if self.uplink is not None:
             await self.uplink.aclose()
         if self.link:
@@ -189,6 +193,28 @@ class AgentRuntime:
         batch), or its view would miss the idle SeDs until their load changes."""
         self.state.view.resend_all(time.monotonic())
         self._rearm()
+
+    #: s after a VIEW that could not be sent before every snapshot is pushed again
+    VIEW_RESEND_S = 1.0
+
+    def _view_lost(self) -> None:
+        """A VIEW to the parent was dropped (its queue full, or it is gone):
+        the idle SeDs of this subtree push only on change, so the parent's
+        view would lack them for good. Every snapshot goes up again in
+        ``VIEW_RESEND_S`` (not at once: a parent that is down would get the
+        whole subtree every few ms; a parent that comes back gets them all
+        anyway, ``_on_attached``)."""
+        if self._view_resend is not None or self._loop is None or self._closing:
+            return
+        log.info("%s: a VIEW to the parent was not sent: every snapshot goes up again in %.1fs",
+                 self.name, self.VIEW_RESEND_S)
+
+        def again():
+            self._view_resend = None
+            if not self._closing:
+                self.state.view.resend_all(time.monotonic())
+                self._rearm()
+        self._view_resend = self._loop.call_later(self.VIEW_RESEND_S, again)
 
     def _feed(self, event: object) -> None:
         """An event from the peer links (federation)."""
@@ -232,8 +258,8 @@ class AgentRuntime:
                 elif self._watch_answers and not a.children:
                     self.on_answer(a.header)
             elif t is SendParent:
-                if self.link is not None:
-                    self.link.send(a.header)
+                if self.link is not None and not self.link.send(a.header) and a.header.get("type") == "view":
+                    self._view_lost()
             elif t is SendPeer:
                 if self.federation is not None:
                     self.federation.send(a.peer, a.header)

@@ -85,11 +85,15 @@ class ParentLink:
         self._seq += 1
         return f"{self.name}#{self._seq}"
 
-    def send(self, header: dict, buffers: list = ()) -> None:
+    def send(self, header: dict, buffers: list = ()) -> bool:
+        """Whether the message left (False: the parent is unreachable or its
+        queue is full, the message is dropped; heartbeats will tell)."""
         try:
             self.channel.send([m.dumps(header), *buffers])
         except Exception as exc:  # parent not reachable: heartbeats will tell
             log.debug("%s: send to parent failed: %s", self.name, exc)
+            return False
+        return True
 
     def _send_register(self) -> None:
         self.send(m.make(MsgType.REGISTER, self._next_id(), name=self.name, **self.register_info()))
@@ -226,10 +230,12 @@ class MultiParentLink:
             for w in waits:
                 w.cancel()
 
-    def send(self, header: dict, buffers: list = ()) -> None:
+    def send(self, header: dict, buffers: list = ()) -> bool:
         link = self._reply_to.pop(header.get("id"), None)
+        sent = True
         for target in ([link] if link is not None else self.links):
-            target.send(header, buffers)
+            sent = target.send(header, buffers) and sent
+        return sent
 
     def update(self) -> None:
         for link in self.links:

@@ -318,18 +318,23 @@ def plot_many(res: dict, path: Path) -> bool:
             ax.plot([min(ms), max(ms)], [y, y], "-", color=color, lw=1.2)
             ax.scatter(ms, [y] * len(ms), c=color, s=14)
             vals += ms + [y]
-        lo, hi = min(vals) * 0.8, max(vals) * 1.2
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="gray", alpha=0.2)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"measured {title} ({' / '.join(res['studies'])})")
-        ax.set_ylabel(f"simulated {title}")
-        ax.set_title(f"{title}: a segment spans a tree's measurements (band ±15 %)", fontsize=9)
+        _diagonal(ax, min(vals) * 0.8, max(vals) * 1.2, f"measured {title} ({' / '.join(res['studies'])})",
+                  f"simulated {title}", f"{title}: a segment spans a tree's measurements (band ±15 %)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     return True
+
+
+def _diagonal(ax, lo: float, hi: float, xlabel: str, ylabel: str, title: str) -> None:
+    """Log axes with the diagonal and its ±15 % band (predicted = measured)."""
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="gray", alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
 
 
 def plot(result: dict, path: Path) -> bool:
@@ -348,14 +353,8 @@ def plot(result: dict, path: Path) -> bool:
         colors = ["tab:blue" if r["shape"] == "flat" else "tab:orange" if r["shape"].startswith("L2") else "tab:red"
                   for r in rows]
         ax.scatter(xs, ys, c=colors, s=18)
-        lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.2
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="gray", alpha=0.2)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"measured {title}")
-        ax.set_ylabel(f"simulated {title}")
-        ax.set_title(f"{title}: blue flat, orange L2, red L3 (band ±15 %)", fontsize=9)
+        _diagonal(ax, min(xs + ys) * 0.8, max(xs + ys) * 1.2, f"measured {title}", f"simulated {title}",
+                  f"{title}: blue flat, orange L2, red L3 (band ±15 %)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

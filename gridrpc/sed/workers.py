@@ -189,6 +189,7 @@ class WorkerPool:
         self.spawned = 0
         self.interrupted = 0            # calls stopped by an interrupt (the worker kept)
         self.killed = 0                 # workers killed (interrupt not honoured in time, or close)
+        self.died = 0                   # workers that exited on their own (crash, os._exit in a service)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -292,6 +293,7 @@ class WorkerPool:
 
     def _died(self, w: _Worker) -> None:
         fut, call_id = w.future, w.call_id
+        self.died += 1
         self._retire(w)
         code = w.proc.exitcode
         self._wake()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 import gridrpc
-from gridrpc.client.reuse import MAX_KEPT, ReusedAnswers, load
+from gridrpc.client.reuse import MAX_KEPT, ReusedAnswers, answer_key, load, server_failed
 from gridrpc.core.messages import MsgType
 from gridrpc.master_agent import MasterAgent
 from gridrpc.testing import LocalTree, LoopThread, example_sed, wait_for
@@ -114,6 +114,27 @@ def test_a_failure_forgets_every_kept_answer_and_the_store_is_bounded():
         ReusedAnswers(0)
 
 
+def test_what_ends_a_call_as_a_server_failure():
+    from types import SimpleNamespace as NS
+    from gridrpc.core.call_types import CallError, Done, Fail
+    clean, left = NS(excluded=set()), NS(excluded={"sed-1"})
+    assert not server_failed(clean, Done("x", 1, {}))
+    assert server_failed(left, Done("x", 1, {}))                         # a failover, then done elsewhere
+    assert server_failed(clean, Fail(CallError(kind="communication", message="gone")))
+    assert not server_failed(clean, Fail(CallError(kind="remote", message="the service raised")))
+    assert not server_failed(None, None)                                 # never sent (client closed)
+
+
+def test_answered_keeps_view_answers_only_and_ranks_for_the_asker():
+    r = ReusedAnswers(1.0)
+    r.started("a")
+    assert names(r.answered("k", [S("a"), S("b")], True, 0.0)) == ["b", "a"]
+    assert "k" in r.kept and r.asked == 1
+    assert names(r.answered("f", [S("a"), S("b")], False, 0.0)) == ["b", "a"] and "f" not in r.kept
+    assert names(r.answered(None, [S("a")], True, 0.0)) == ["a"] and r.asked == 1
+    assert r.begin([S("b"), S("a")]) == "b" and r.in_flight == {"a": 1, "b": 1}
+
+
 @pytest.mark.parametrize("bad, exc", [(-0.1, ValueError), (61, ValueError), ("0.01", TypeError),
                                       (True, TypeError), (None, TypeError)])
 def test_option_is_checked(bad, exc):
@@ -185,7 +206,6 @@ def test_a_burst_from_one_answer_spreads_over_its_servers(tree):
     moment later on a loaded host (late heartbeats, the memory of earlier
     choices) is not what this test is about."""
     from dataclasses import replace as dc_replace
-    from gridrpc.client.aio import _reuse_key
 
     async def go():
         async with gridrpc.AsyncClient(tree.ma_address, reuse_discovery=30.0, max_candidates=3) as c:
@@ -194,8 +214,7 @@ def test_a_burst_from_one_answer_spreads_over_its_servers(tree):
             assert len(found) == 3
             idle = [dc_replace(s, estimation=dict(s.estimation, num_running=0, num_waiting=0, max_concurrent=2))
                     for s in found]
-            key = _reuse_key(type("C", (), {"service": "sleep", "optional": False})(), None, 3)
-            c._reuse.keep(key, idle, c.loop.time())
+            c._reuse.keep(answer_key("sleep", False, 3, None), idle, c.loop.time())
             counts = _count_discovers(c)
             calls = [await c.submit("sleep", 0.3) for _ in range(6)]
             await asyncio.gather(*calls)

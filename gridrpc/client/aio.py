@@ -19,11 +19,10 @@ import getpass
 import os
 from typing import Any
 
-
 from ..core import codec
 from ..core import messages as m
 from ..address import parse_addresses
-from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, Fail, SendCall
+from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
 from ..core.messages import MsgType
 from ..errors import ERROR_KINDS, CallCancelled, CommunicationError, GridRPCError, MessageTooLarge
 from ..files import FileSink, read_file
@@ -33,7 +32,7 @@ from .driver import AsyncCallDriver, Flight, exception_for
 from .ids import new_id
 from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, OptionViews
-from .reuse import FORGET_KINDS, ReusedAnswers, answer_key
+from .reuse import ReusedAnswers, answer_key, server_failed
 
 
 def default_user() -> str:
@@ -248,9 +247,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
             flight.context = None
             chosen = call.__dict__.pop("_chosen", None)
             if chosen is not None:
-                out = flight.outcome
-                self._reuse.ended(chosen, failed=bool(flight.machine.excluded) or (
-                    type(out) is Fail and out.error.kind in FORGET_KINDS))     # a server failed it
+                self._reuse.ended(chosen, failed=server_failed(flight.machine, flight.outcome))
         if type(outcome) is Done:
             call.timing = outcome.timing
             return outcome.value if keep is None else _data().to_ref(self, outcome.value)
@@ -304,8 +301,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                 key = _reuse_key(call, aggregator, k)
                 servers = reuse.take(key, self.loop.time())
                 if servers is not None:
-                    call._chosen = servers[0].name
-                    reuse.started(call._chosen)
+                    call._chosen = reuse.begin(servers)
                     return Discovered(servers)
                 joined = self._joining.get(key)
                 if joined is not None:          # the same request is out: its answer serves this call too
@@ -334,8 +330,6 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                 servers, from_view = await asyncio.wait_for(ask, max(0.01, a.timeout))
             else:
                 servers, from_view = await ask
-            if key is not None and servers and from_view:
-                self._reuse.keep(key, servers, self.loop.time())
         except asyncio.TimeoutError:
             mas = ", ".join(self.master_agents)
             event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out: the master agent"
@@ -348,7 +342,11 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         else:
             event = Discovered(servers)
         reuse = self._reuse
-        saturated = reuse.saturated(servers) if reuse is not None and servers else False
+        saturated = False
+        if type(event) is Discovered and reuse is not None and servers:
+            saturated = reuse.saturated(servers)
+            if key is not None and from_view:
+                reuse.keep(key, servers, self.loop.time(), saturated)
         joined = self._joining.pop(key, []) if key is not None else []
         for f, own in ([(flight, a)] if flight is not None else []) + joined:
             if f.machine.finished:
@@ -359,8 +357,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
                     # the answer's servers are taken by the calls before: this one asks the MA itself
                     self._start_discovery(f, own, None)
                     continue
-                f.context._chosen = ranked[0].name
-                reuse.started(ranked[0].name)
+                f.context._chosen = reuse.begin(ranked)
                 self._driver.feed(f, Discovered(ranked))
             else:
                 self._driver.feed(f, event)

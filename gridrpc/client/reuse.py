@@ -26,7 +26,7 @@ the first server free, the call is sent as a probe (late binding,
 Only answers the MA marked as coming from its view are kept (a fan-out's
 answer may depend on the request); a call that left a server for a
 failure (its failover) or failed for a server's or the network's reason
-(``FORGET_KINDS``: not the service's own error) forgets every kept answer
+(``server_failed``; not the service's own error) forgets every kept answer
 when it ends.
 Pure: the caller gives ``now``.
 """
@@ -36,7 +36,9 @@ from typing import Any, Hashable, Sequence
 
 import orjson
 
-__all__ = ["ReusedAnswers", "MAX_KEPT", "FORGET_KINDS", "load", "answer_key"]
+from ..core.call_types import Fail
+
+__all__ = ["ReusedAnswers", "MAX_KEPT", "FORGET_KINDS", "load", "answer_key", "server_failed"]
 
 #: failures of a call after which the kept answers are forgotten (a server or the network failed)
 FORGET_KINDS = frozenset({"communication", "server_lost", "worker_died", "timeout", "no_server",
@@ -51,6 +53,14 @@ def answer_key(service: str, optional: bool, k: int, aggregator: Any) -> tuple:
     if aggregator is not None and not isinstance(aggregator, str):
         aggregator = orjson.dumps(aggregator, option=orjson.OPT_SORT_KEYS)
     return (service, bool(optional), int(k), aggregator)
+
+
+def server_failed(machine: Any, outcome: Any) -> bool:
+    """Whether a call's end must forget the kept answers: its machine left a
+    server for a failure (a failover; a busy probe passing it on is not one),
+    or it failed for a server's or the network's reason (``FORGET_KINDS``)."""
+    return (machine is not None and bool(machine.excluded)) or (
+        type(outcome) is Fail and outcome.error.kind in FORGET_KINDS)
 
 
 def load(server: Any, flying: int) -> float:
@@ -119,14 +129,28 @@ class ReusedAnswers:
         order = sorted(range(len(servers)), key=lambda i: (load(servers[i], flying.get(servers[i].name, 0)), i))
         return [servers[i] for i in order]
 
-    def keep(self, key: Hashable, servers: Sequence[Any], now: float) -> None:
+    def keep(self, key: Hashable, servers: Sequence[Any], now: float, saturated: bool | None = None) -> None:
+        """Keep a view answer (``saturated``: ``self.saturated(servers)``, when the caller has it)."""
         if not servers:
             return
         self.kept.pop(key, None)
         if len(self.kept) >= MAX_KEPT:
             del self.kept[next(iter(self.kept))]
-        self.kept[key] = (now, list(servers), self.saturated(servers))
+        self.kept[key] = (now, list(servers), self.saturated(servers) if saturated is None else saturated)
         self.asked += 1
+
+    def answered(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float) -> list:
+        """A fresh answer, for the call that asked: kept when the MA gave it
+        from its view (and the call has a ``key``), ranked for that call."""
+        if key is not None and from_view:
+            self.keep(key, servers, now)
+        return self.rerank(servers)
+
+    def begin(self, ranked: Sequence[Any]) -> str:
+        """The call goes to the first of ``ranked``: counted in flight there; its name."""
+        name = ranked[0].name
+        self.started(name)
+        return name
 
     def started(self, name: str) -> None:
         self.in_flight[name] = self.in_flight.get(name, 0) + 1

@@ -84,7 +84,7 @@ class PushRule:
         flip = busy != was_busy
         if self.due is None:
             self.since, self.bounced = now, False
-        elif self.bounced and flip and self.since is not None:
+        elif self.bounced and flip:                 # (since is set whenever a push is due)
             if self.due < self.since + self.slow:
                 self.due = self.since + self.slow   # flapping: once, slow after it began
                 return self.due

@@ -47,7 +47,7 @@ from ..client.call import ServerInfo
 from ..client.driver import CallDriver, Flight, exception_for
 from ..client.ids import new_id
 from ..client.options import ClientOptions, OptionViews
-from ..client.reuse import FORGET_KINDS, ReusedAnswers, answer_key
+from ..client.reuse import ReusedAnswers, answer_key, server_failed
 from ..core import codec
 from ..core import messages as m
 from ..core.call import CallMachine, Done, Tick
@@ -357,22 +357,16 @@ class GreenClient(OptionViews):
                     candidates, _, from_view = self._discover(service, k, aggregator, (), left)
                     disc_ms = (time.perf_counter() - t0) * 1000
                     if reuse is not None and candidates:
-                        if from_view:
-                            reuse.keep(key, candidates, time.monotonic())
-                        candidates = reuse.rerank(candidates)
+                        candidates = reuse.answered(key, candidates, from_view, time.monotonic())
                 if reuse is not None and candidates:
-                    chosen = candidates[0].name
-                    reuse.started(chosen)
+                    chosen = reuse.begin(candidates)
             else:
                 candidates = [self.resolve(server)]
-            value, size, srv = self._dispatch(service, candidates, tree_args, tree_kwargs, buffers, deadline)
+            value, size, srv = self._dispatch(service, candidates, tree_args, tree_kwargs, buffers, deadline,
+                                              chosen)
         except GridRPCError as exc:
-            if chosen is not None:
-                self._reuse.ended(chosen, failed=getattr(exc, "kind", None) in FORGET_KINDS)
             self._record(kind, service, t0, error=type(exc).__name__, discover_ms=disc_ms)
             raise
-        if chosen is not None:
-            self._reuse.ended(chosen, failed=srv != chosen)     # another server took it: a failover
         self._record(kind, service, t0, size=size, server=srv, discover_ms=disc_ms)
         return value
 
@@ -387,13 +381,19 @@ class GreenClient(OptionViews):
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "GreenHandle":
         return GreenHandle(self, service, server)
 
-    def _dispatch(self, service, candidates, tree_args, tree_kwargs, buffers, deadline):
-        if self.closed:
-            raise CommunicationError("client is closed")
-        header = m.make(MsgType.CALL, "", service=service, args=tree_args, kwargs=tree_kwargs,
-                        user=self.user, optional=False, ack_ms=self._policy.ack_ms)
-        machine = CallMachine(service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
-        outcome = self._driver.wait(self._driver.launch(machine, header, buffers))
+    def _dispatch(self, service, candidates, tree_args, tree_kwargs, buffers, deadline, chosen=None):
+        """``chosen``: the server a kept or fresh answer gave the call (``reuse_discovery``), told when it ends."""
+        machine = outcome = None
+        try:
+            if self.closed:
+                raise CommunicationError("client is closed")
+            header = m.make(MsgType.CALL, "", service=service, args=tree_args, kwargs=tree_kwargs,
+                            user=self.user, optional=False, ack_ms=self._policy.ack_ms)
+            machine = CallMachine(service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
+            outcome = self._driver.wait(self._driver.launch(machine, header, buffers))
+        finally:
+            if chosen is not None:
+                self._reuse.ended(chosen, failed=server_failed(machine, outcome))
         if type(outcome) is Done:
             value, size = outcome.value
             return value, size, outcome.server

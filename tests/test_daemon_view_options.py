@@ -15,6 +15,7 @@ from gridrpc.core.agent import AgentConfig, AgentState, LocalRole, MasterRole, R
 from gridrpc.core.messages import MsgType
 from gridrpc.core.view import DEFAULT_MAX_AGE
 from gridrpc.testing import wait_for
+from benchmarks.view import spy
 
 from tests.test_core_view import answered_from_view, discover, push, register, vec
 
@@ -134,16 +135,8 @@ def test_deployment_file_sets_the_view_options(tmp_path):
 async def _answers(ma_address: str, n: int) -> tuple[dict, dict]:
     """``n`` discoveries of ``add``: the MA's SERVERS answers counted by
     their ``view`` flag, and the MA's statistics after them."""
-    counts = {"view": 0, "fanout": 0}
     async with gridrpc.AsyncClient(ma_address, retry_timeout=10) as c:
-        orig = c._ma_request
-
-        async def request(header, timeout):
-            mt, r = await orig(header, timeout)
-            if mt is MsgType.SERVERS:
-                counts["view" if r.get("view") else "fanout"] += 1
-            return mt, r
-        c._ma_request = request
+        counts = spy(c)                 # the benchmark's counter of answers by source
         for _ in range(n):
             assert await c.discover("add", 3)
         load = next(e for e in await c.tree() if e["name"] == "MA")["load"]

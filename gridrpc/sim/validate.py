@@ -296,34 +296,26 @@ def format_many(res: dict) -> str:
     return "\n".join(out)
 
 
-def plot_many(res: dict, path: Path) -> bool:
-    """Predicted (y) against the measured range (x: a segment from the
-    lowest to the highest measurement, a dot per measurement)."""
+def _figure():
+    """Two side-by-side axes (discovery, throughput), or None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
-    rows = res["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, (key, pk, title) in zip(axes, (("median", "predicted_median_ms", "discovery median (ms)"),
-                                           ("rps", "predicted_rps", "calls/s at saturation"))):
-        vals = []
-        for r in rows:
-            color = ("tab:blue" if r["shape"] == "flat" else "tab:orange" if r["shape"].startswith("L2")
-                     else "tab:red")
-            y = r[pk]
-            ms = [m["median_ms"] if key == "median" else m["rps"] for m in r["measurements"]]
-            ax.plot([min(ms), max(ms)], [y, y], "-", color=color, lw=1.2)
-            ax.scatter(ms, [y] * len(ms), c=color, s=14)
-            vals += ms + [y]
-        _diagonal(ax, min(vals) * 0.8, max(vals) * 1.2, f"measured {title} ({' / '.join(res['studies'])})",
-                  f"simulated {title}", f"{title}: a segment spans a tree's measurements (band ±15 %)")
+        return None
+    return plt.subplots(1, 2, figsize=(11, 4.5))
+
+
+def _save(fig, path: Path) -> bool:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     return True
+
+
+def _color(shape: str) -> str:
+    return "tab:blue" if shape == "flat" else "tab:orange" if shape.startswith("L2") else "tab:red"
 
 
 def _diagonal(ax, lo: float, hi: float, xlabel: str, ylabel: str, title: str) -> None:
@@ -337,28 +329,41 @@ def _diagonal(ax, lo: float, hi: float, xlabel: str, ylabel: str, title: str) ->
     ax.set_title(title, fontsize=9)
 
 
-def plot(result: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+def plot_many(res: dict, path: Path) -> bool:
+    """Predicted (y) against the measured range (x: a segment from the
+    lowest to the highest measurement, a dot per measurement)."""
+    made = _figure()
+    if made is None:
         return False
+    fig, axes = made
+    for ax, (key, pk, title) in zip(axes, (("median", "predicted_median_ms", "discovery median (ms)"),
+                                           ("rps", "predicted_rps", "calls/s at saturation"))):
+        vals = []
+        for r in res["rows"]:
+            y = r[pk]
+            ms = [m["median_ms"] if key == "median" else m["rps"] for m in r["measurements"]]
+            ax.plot([min(ms), max(ms)], [y, y], "-", color=_color(r["shape"]), lw=1.2)
+            ax.scatter(ms, [y] * len(ms), c=_color(r["shape"]), s=14)
+            vals += ms + [y]
+        _diagonal(ax, min(vals) * 0.8, max(vals) * 1.2, f"measured {title} ({' / '.join(res['studies'])})",
+                  f"simulated {title}", f"{title}: a segment spans a tree's measurements (band ±15 %)")
+    return _save(fig, path)
+
+
+def plot(result: dict, path: Path) -> bool:
+    made = _figure()
+    if made is None:
+        return False
+    fig, axes = made
     rows = result["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, (mk, pk, title) in zip(axes, (("measured_median_ms", "predicted_median_ms", "discovery median (ms)"),
                                           ("measured_rps", "predicted_rps", "calls/s at saturation"))):
         xs = [r[mk] for r in rows]
         ys = [r[pk] for r in rows]
-        colors = ["tab:blue" if r["shape"] == "flat" else "tab:orange" if r["shape"].startswith("L2") else "tab:red"
-                  for r in rows]
-        ax.scatter(xs, ys, c=colors, s=18)
+        ax.scatter(xs, ys, c=[_color(r["shape"]) for r in rows], s=18)
         _diagonal(ax, min(xs + ys) * 0.8, max(xs + ys) * 1.2, f"measured {title}", f"simulated {title}",
                   f"{title}: blue flat, orange L2, red L3 (band ±15 %)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    return True
+    return _save(fig, path)
 
 
 def cmd_validate(a) -> int:

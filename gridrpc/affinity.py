@@ -7,7 +7,7 @@ Why: waking a process that sleeps on another CPU is dear on virtual
 machines (an inter-processor interrupt, often a VM exit): on the 2-vCPU test
 VM a bound call's SeD -> worker -> SeD hop cost ~70 µs of the SeD's CPU in
 the pipe write alone. A SeD and its workers on one CPU, the clients on
-another, ran 3,900-4,700 bound calls/s against 1,700-3,000 unbound
+another, ran 3,900-4,700 bound calls/s against 1,700-3,050 unbound
 (docs/performance.md, "CPU binding"). On hosts with many cores, binding
 each SeD to its own cores keeps SeDs from disturbing each other; a SeD with
 ``max_concurrent`` > 1 needs as many CPUs to run its calls in parallel.

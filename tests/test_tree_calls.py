@@ -155,10 +155,6 @@ def test_cancel_queued_and_running_frees_server(tree, client):
         queued.result(5)
     pids_before = tree.lt.call(lambda: sed.pool.pids())
     lost_before = tree.lt.call(lambda: (sed.pool.killed, sed.pool.died))
-    # a loaded CI host once took more than the default 0.5 s to let the worker answer the
-    # interrupt, and it was killed: what is tested here is that it is interrupted, not how fast
-    grace = tree.lt.call(lambda: sed.pool.interrupt_grace)
-    tree.lt.call(lambda: setattr(sed.pool, "interrupt_grace", 10.0))
     assert running.cancel() is True
     with pytest.raises(gridrpc.CallCancelled):
         running.result(5)
@@ -170,12 +166,11 @@ def test_cancel_queued_and_running_frees_server(tree, client):
     assert tree.lt.call(lambda: sed.stats["cancelled"]) >= 2
     # the running call was interrupted in its worker (no process killed, none forked)
     assert tree.lt.call(lambda: sed.pool.interrupted) >= 1
-    # no worker was killed or died for it. (Twice in a full-suite run, never alone, the worker's pid had changed
-    # by then; the cause is not known: the counters in the message say whether it was a kill or a death.)
-    state = tree.lt.call(lambda: dict(pids=sed.pool.pids(), killed=sed.pool.killed, died=sed.pool.died,
-                                      spawned=sed.pool.spawned, generation=sed.pool.generation))
+    # no worker was killed or died for it: in full-suite runs the worker had been forked for this call just
+    # before and died of the interrupt's default action (before its handler; tests/test_worker_interrupt.py)
+    state = tree.lt.call(lambda: dict(pids=sed.pool.pids(), killed=sed.pool.killed, died=sed.pool.died))
     assert (state["killed"], state["died"]) == lost_before, (pids_before, state)
-    tree.lt.call(lambda: setattr(sed.pool, "interrupt_grace", grace))
+    assert set(pids_before) <= set(state["pids"]), (pids_before, state)
     assert tree.lt.call(lambda: sed.pool.killed) == 0
 
 

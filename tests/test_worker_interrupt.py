@@ -208,3 +208,24 @@ def test_an_interrupt_sent_before_the_call_began_still_stops_it(tmp_path):
             await pool.aclose()
 
     _run(go())
+
+
+def test_an_interrupt_sent_as_a_worker_starts_does_not_kill_it():
+    """Found by a full-suite run: a cancel right after the submit interrupted a
+    worker forked for that very call before it had installed its SIGUSR1
+    handler, and the signal's default action killed it."""
+    async def go():
+        pool = WorkerPool(SERVICES, size=2, prestart=0, interrupt_grace=2.0)
+        pool.start()
+        try:
+            w = pool._spawn()
+            os.kill(w.proc.pid, signal.SIGUSR1)          # at once: the child is still starting
+            await asyncio.sleep(0.5)
+            assert w.proc.is_alive() and pool.died == 0, f"exit code {w.proc.exitcode}"
+            pool.idle.append(w)
+            assert await pool.run("c1", "add", [2, 2], {}) == (True, 4)
+            assert pool.pids() == [w.proc.pid]
+        finally:
+            await pool.aclose()
+
+    _run(go())

@@ -91,6 +91,10 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: S
             raise CallInterrupted()
 
     signal.signal(signal.SIGUSR1, interrupt)
+    # the SeD forked us with SIGUSR1 blocked (WorkerPool._spawn): one sent before the line above
+    # would have killed us (its default action); pending, it reaches the handler now and is
+    # ignored there, and the shared word stops the call as it begins
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     # fork copied the SeD's ends of every worker pipe (ours included) and its
     # segments' descriptors: close them, so that EOF on our pipe really means
     # the SeD is gone and a segment the SeD closes is freed
@@ -209,7 +213,13 @@ class WorkerPool:
         stop = _CTX.RawValue("q", 0)
         proc = _CTX.Process(target=_worker_main, daemon=True,
                             args=(child, self.services, inherited, self.limits, stop))
-        proc.start()
+        # the child starts with SIGUSR1 blocked until it has its handler: an interrupt sent to a
+        # worker forked for the call it carries (a cancel right after the submit) killed it
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         child.close()
         w = _Worker(proc=proc, link=Link(parent, self.segments, self.limits, notify=self._flush_soon),
                     generation=self.generation, stop=stop)

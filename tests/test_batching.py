@@ -355,3 +355,32 @@ def test_a_bad_ack_ms_is_refused_at_the_boundary(tree, bad):
     (reply,) = _raw_exchange(_sed_address(tree), [m.dumps(h)])
     mt, rh = m.parse_header(reply[0])
     assert mt is MsgType.ERROR and rh["error"]["kind"] == "protocol" and "ack_ms" in rh["error"]["message"]
+
+
+def test_a_batch_of_cancels_is_answered_in_batches(tree):
+    """Each cancelled call gets its CANCELLED and its own ERROR answer; for a batch of CANCELs
+    both go back in batches (one zmq message each was 2 sends and 2 receives per call: 28,200
+    messages for the burst's 14,100 cancels)."""
+    import time
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(_sed_address(tree))
+    try:
+        s.send_multipart(_calls(12, 30, 120000, "x"))
+        time.sleep(0.3)                     # every call is in (2 running, 10 queued)
+        s.send_multipart(m.batch([[m.dumps(m.make(MsgType.CANCEL, f"x{i}", user="dave"))] for i in range(12)]))
+        replies = []
+        while sum(1 for t, _, _ in _types(replies) if t in ("cancelled", "error")) < 24 and s.poll(5000):
+            replies.append(s.recv_multipart())
+    finally:
+        s.close()
+    got = [(t, h) for t, h, _ in _types(replies) if t in ("cancelled", "error")]
+    assert sorted(h["id"] for t, h in got if t == "cancelled") == sorted(f"x{i}" for i in range(12))
+    assert sorted(h["id"] for t, h in got if t == "error") == sorted(f"x{i}" for i in range(12))
+    assert all(h["error"]["kind"] == "cancelled" for t, h in got if t == "error"), got
+    answers = [r for r in replies if any(t in ("cancelled", "error") for t, _, _ in _types([r]))]
+    assert len(answers) <= 3, f"{len(answers)} zmq messages for 24 answers"
+    deadline = time.monotonic() + 10
+    while tree.lt.call(lambda: len(_sed(tree).calls)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tree.lt.call(lambda: len(_sed(tree).calls)) == 0

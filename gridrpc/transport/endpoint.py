@@ -221,8 +221,17 @@ class Endpoint:
         return ok
 
     def send_frames(self, route: list, frames: list) -> bool:
-        """Send already-encoded frames (a cached answer) to a peer."""
-        if self._held:
+        """Send already-encoded frames (an answer, a cached one) to a peer;
+        held like :meth:`send`'s small answers while a batch from that peer is
+        handled (a batch of CANCELs is answered by a CANCELLED and the call's
+        own ERROR each: both go back in the batch)."""
+        held = self._held
+        if (held is not None and _same_peer(route[0], self._held_route[0])
+                and all(type(f) is bytes for f in frames) and not has_big(frames)):
+            held.append(list(frames))
+            self.stats.sent += 1
+            return True
+        if held:
             self._flush_held()
         try:
             self.channel.send([*route, *frames])
@@ -318,3 +327,11 @@ def _safe_id(frames: list) -> str:
         return i if m.valid_id(i) else ""
     except Exception:  # noqa: BLE001
         return ""
+
+
+def _same_peer(a, b) -> bool:
+    """Whether two routing frames (bytes, or zmq Frames of received messages) name one peer: a
+    call's answer carries the route of its CALL, not of the CANCEL being handled."""
+    if a is b:
+        return True
+    return (a.bytes if hasattr(a, "bytes") else a) == (b.bytes if hasattr(b, "bytes") else b)

@@ -251,12 +251,14 @@ class Endpoint:
 
     def _flush_held(self) -> None:
         held, self._held = self._held, []
-        if not held:
-            return
-        try:
-            self.channel.send([*self._held_route, *m.packed(held)])
-        except GridRPCError as exc:
-            log.debug("%s: could not send %d held answers: %s", self.name, len(held), exc)
+        # a message of a batch may have two answers (a CANCEL: its CANCELLED and the call's ERROR),
+        # so what is held can exceed one envelope
+        for i in range(0, len(held), m.MAX_BATCH):
+            part = held[i:i + m.MAX_BATCH]
+            try:
+                self.channel.send([*self._held_route, *m.packed(part)])
+            except GridRPCError as exc:
+                log.debug("%s: could not send %d held answers: %s", self.name, len(part), exc)
 
     # -- receiving ------------------------------------------------------------
     def _on_frames(self, frames: list, in_batch: bool = False, auth: Any = None) -> None:

@@ -360,7 +360,7 @@ def test_register_info_and_heartbeat_info_for_the_parent():
     assert info["elements"][0]["last_heartbeat"] == pytest.approx(100.0)
     m.parse_header(m.dumps(m.make(MsgType.REGISTER, "r", name="LA1", **info)))   # valid on the wire
     hb = s.heartbeat_info(now=1.0, wall=101.0)
-    assert hb["load"] == {"children": 2} and len(hb["elements"]) == 3
+    assert hb["load"] == {"children": 2, "view_snapshots": 0, "view_refused": 0, "view_asked": 0} and len(hb["elements"]) == 3
     m.parse_header(m.dumps(m.make(MsgType.HEARTBEAT, "h", name="LA1", **hb)))
 
 

@@ -398,3 +398,84 @@ def test_an_idle_snapshot_resent_to_a_new_parent_arrives_alive():
     ma.expire(100.0, timeout=1.5)
     assert "s1" in ma.seds                       # without seen_ms: older than the timeout, dropped
     assert ma.seds["s1"].at <= 100.0 - 29.0      # its estimate keeps its true age
+
+
+def _heartbeat(state, name, now):
+    h = m.make(MsgType.HEARTBEAT, f"hb-{name}-{now}", name=name)
+    acks = [a.header for a in state.handle(Received(name.encode(), MsgType.HEARTBEAT, h), now)
+            if isinstance(a, Send) and a.header["type"] == "heartbeat_ack"]
+    assert len(acks) == 1
+    return acks[0]
+
+
+def test_a_snapshot_refused_before_its_registration_is_asked_for_again():
+    """A snapshot that came before the registration naming its SeD is refused; an idle SeD
+    pushes only on change, so the view stayed incomplete and every discovery fanned out for
+    good. The agent asks the child for it in a heartbeat ack (after VIEW_ASK_FIRST)."""
+    from gridrpc.core.agent_discovery import VIEW_ASK_FIRST
+    s = ma()
+    register(s, "sed-1")
+    push(s, "sed-1", {"add": vec()}, 0.0)
+    push(s, "sed-2", {"add": vec()}, 0.0)              # not registered yet: dropped
+    assert "sed-2" not in s.view.seds
+    register(s, "sed-2", now=0.01)
+    assert not answered_from_view(discover(s, 0.05, rid="d0"))     # incomplete: a fan-out
+    assert "view_missing" not in _heartbeat(s, "sed-2", 0.5)        # the gap is noted,
+    first = 0.5 + VIEW_ASK_FIRST + 0.1
+    assert "view_missing" not in _heartbeat(s, "sed-2", first)      # missing at one scan: maybe in flight
+    second = first + 2 * VIEW_ASK_FIRST
+    assert "view_missing" not in _heartbeat(s, "sed-1", second)     # sed-1 lacks nothing
+    assert _heartbeat(s, "sed-2", second + 0.1)["view_missing"] == ["sed-2"]     # missing at two: asked
+    assert s.statistics().view_asked == 1
+    push(s, "sed-2", {"add": vec()}, second + 0.2)     # the SeD pushes it again
+    assert "view_missing" not in _heartbeat(s, "sed-2", second + 10)
+    assert answered_from_view(discover(s, second + 10.1, rid="d1"))
+
+
+def test_a_sed_whose_first_push_is_on_the_way_is_not_asked_for():
+    from gridrpc.core.agent_discovery import VIEW_ASK_FIRST
+    s = ma()
+    register(s, "sed-1")
+    _heartbeat(s, "sed-1", 0.0)                        # the gap noted
+    register(s, "sed-2", now=VIEW_ASK_FIRST)           # just before the first scan
+    assert "view_missing" not in _heartbeat(s, "sed-2", VIEW_ASK_FIRST + 0.01)
+    push(s, "sed-2", {"add": vec()}, VIEW_ASK_FIRST + 0.02)    # its push arrives
+    ack = _heartbeat(s, "sed-1", 3 * VIEW_ASK_FIRST + 0.1)
+    assert ack["view_missing"] == ["sed-1"]           # missing twice; sed-2 arrived in time
+    assert s.statistics().view_asked == 1
+
+
+def test_snapshots_that_never_come_are_asked_at_doubling_intervals():
+    # a SeD whose services are not pushed (a request-dependent estimation) never fills the gap
+    from gridrpc.core.agent_discovery import VIEW_ASK_FIRST, VIEW_ASK_MAX_S
+    s = ma()
+    register(s, "sed-1")
+    asked = []
+    t = 0.0
+    while t < 40.0:
+        if "view_missing" in _heartbeat(s, "sed-1", t):
+            asked.append(t)
+        t = round(t + 0.5, 3)
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert asked and asked[0] == 3 * VIEW_ASK_FIRST        # the scan at 1 s notes it, the next asks
+    assert gaps == [4.0, 8.0, 16.0][:len(gaps)] and len(gaps) >= 2, asked
+    assert all(g <= VIEW_ASK_MAX_S for g in gaps)
+
+
+def test_a_view_asks_nothing_with_views_off_or_when_complete():
+    s = ma(view=False)
+    register(s, "sed-1")
+    assert all("view_missing" not in _heartbeat(s, "sed-1", t) for t in (0.0, 1.5, 3.0, 5.0))
+    s = ma()
+    register(s, "sed-1")
+    push(s, "sed-1", {"add": vec()}, 0.0)
+    assert all("view_missing" not in _heartbeat(s, "sed-1", t) for t in (0.0, 1.5, 3.0, 5.0))
+    assert s.statistics().view_asked == 0
+
+
+def test_an_agent_resends_only_the_snapshots_it_holds():
+    v = SubtreeView()
+    v.update("la", [{"name": "a", "services": {"add": vec()}}], [], 0.0, {"a": "la"})
+    v.take(0.1)
+    assert v.resend(["a", "b"], 0.2) == 1
+    assert [e["name"] for e in v.take(0.3)["entries"]] == ["a"]

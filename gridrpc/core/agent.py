@@ -118,6 +118,7 @@ class AgentState(Discovering, Federating, Catalogue):
         self._groups: tuple = (-1, {})              # (registry version, {service: children by process})
         self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
         self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
+        self._asking: list | None = None             # snapshots missing: [next scan, interval, child -> names]
         self._rebuild_until: float | None = None     # set at the first event: start + rebuild time
         self._forwarded: dict = {}                   # federated discovery id -> what its answer needs
         self._on_peer = {
@@ -192,7 +193,12 @@ class AgentState(Discovering, Federating, Catalogue):
 
     def _on_heartbeat(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         known = self.registry.heartbeat(peer, h, now, user)
-        out = [Send(peer, m.make(MsgType.HEARTBEAT_ACK, h["id"], known=known))]
+        ack = m.make(MsgType.HEARTBEAT_ACK, h["id"], known=known)
+        if known:
+            missing = self._view_missing(h["name"], now)
+            if missing:                                 # snapshots lost on the way: pushed again
+                ack["view_missing"] = missing
+        out = [Send(peer, ack)]
         if known and h["name"] in self.view.seds:
             self.view.refresh(h["name"], (h["name"],), now)     # a SeD pushes every change: unchanged
         if known:

@@ -32,6 +32,8 @@ class AgentStatistics:
     view_snapshots: int = 0         # SeD snapshots in the view
     view_updates: int = 0           # snapshots received
     views_ignored: int = 0          # VIEW messages dropped unread: views off (gridrpc ma|la --no-view)
+    view_refused: int = 0           # snapshots of SeDs not (yet) registered under the child that sent them
+    view_asked: int = 0             # snapshots asked of the children again (missing from the view)
     forwarded: int = 0              # discoveries forwarded to peer master agents (federation)
     forwarded_busy: int = 0         # of which: the local servers were all too busy
 
@@ -53,6 +55,7 @@ class _Counters:
     view_sorted: int = 0            # snapshots sorted anew,
     view_walked: int = 0            # first places looked at
     views_ignored: int = 0
+    view_asked: int = 0
     forwarded: int = 0
     forwarded_busy: int = 0
 
@@ -105,7 +108,10 @@ class Catalogue:
         return {**self.info, "services": self.service_list(), "elements": self.elements(now, wall)}
 
     def heartbeat_info(self, now: float, wall: float | None = None) -> dict:
-        return {"load": {"children": len(self.registry.children)}, "elements": self.elements(now, wall)}
+        # the view's counts go up with the load: the root's tree shows each agent's (gridrpc top)
+        return {"load": {"children": len(self.registry.children), "view_snapshots": len(self.view.seds),
+                         "view_refused": self.view.refused, "view_asked": self.counters.view_asked},
+                "elements": self.elements(now, wall)}
 
     def statistics(self) -> AgentStatistics:
         c = self.counters
@@ -116,4 +122,4 @@ class Catalogue:
             bad_messages=c.bad_messages,
             answers_ignored=c.answers_ignored, children_lost=c.children_lost, view_answers=c.view_answers,
             view_snapshots=len(self.view.seds), view_updates=self.view.updates, views_ignored=c.views_ignored,
-            forwarded=c.forwarded, forwarded_busy=c.forwarded_busy)
+            view_refused=self.view.refused, view_asked=c.view_asked, forwarded=c.forwarded, forwarded_busy=c.forwarded_busy)

@@ -255,7 +255,7 @@ BY_TYPE: dict[str, tuple] = {
     "unregister": _fields(("name", True, *NAME)),
     "heartbeat": _fields(("name", True, *NAME), ("load", False, *obj(MAX_KEYS)),
                          ("elements", False, *list_of(ELEMENT, MAX_ITEMS))),
-    "heartbeat_ack": _fields(("known", True, *BOOL)),
+    "heartbeat_ack": _fields(("known", True, *BOOL), ("view_missing", False, *list_of(NAME, MAX_ITEMS))),
     "discover": _fields(("service", True, *SERVICE), ("k", True, *integer(0, MAX_K)),
                         ("aggregator", False, *AGGREGATOR), ("budget_ms", False, *number(0, MAX_BUDGET_MS)),
                         ("user", False, *TEXT_SHORT), ("optional", False, *BOOL),

@@ -38,7 +38,7 @@ class MsgType(str, enum.Enum):
     REGISTERED = "registered"        # ack of register
     UNREGISTER = "unregister"        # clean leave
     HEARTBEAT = "heartbeat"          # name, load [, elements]
-    HEARTBEAT_ACK = "heartbeat_ack"  # known: bool (false -> child registers again)
+    HEARTBEAT_ACK = "heartbeat_ack"  # known: bool (false -> child registers again); view_missing: [SeD names] to push again
     # discovery (client -> MA, agent -> child, and the answers)
     DISCOVER = "discover"            # service, k, aggregator, budget_ms, user, optional, args
     SERVERS = "servers"              # servers: [{name, address, estimation}], found: bool

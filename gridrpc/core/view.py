@@ -217,6 +217,16 @@ class SubtreeView:
         for name in self.seds:
             self._dirty(name, now)
 
+    def resend(self, names, now: float) -> int:
+        """Push these snapshots again with the next batch (the parent says it
+        lacks them: ``view_missing``); returns how many this view has."""
+        n = 0
+        for name in names:
+            if name in self.seds:
+                self._dirty(name, now)
+                n += 1
+        return n
+
     def drop_via(self, via: str, now: float) -> None:
         for name in [n for n, s in self.seds.items() if s.via == via]:
             del self.seds[name]

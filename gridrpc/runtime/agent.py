@@ -138,7 +138,7 @@ class AgentRuntime:
                                    hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
                                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
                                    security=self.security, parent_key=self.parent_key,
-                                   on_attached=self._on_attached)
+                                   on_attached=self._on_attached, on_view_missing=self._on_view_missing)
             self.link.start()
         if self.link is not None:
             self.uplink = EventsUplink(self.name, self.outbox, self.link.send)
@@ -193,6 +193,13 @@ class AgentRuntime:
         batch), or its view would miss the idle SeDs until their load changes."""
         self.state.view.resend_all(time.monotonic())
         self._rearm()
+
+    def _on_view_missing(self, names: list) -> None:
+        """The parent lacks these snapshots (``view_missing`` in its
+        HEARTBEAT_ACK): those this view holds go up with the next batch; the
+        others are missing here too, and this agent asks its own children."""
+        if self.state.view.resend(names, time.monotonic()):
+            self._rearm()
 
     #: s after a VIEW that could not be sent before every snapshot is pushed again
     VIEW_RESEND_S = 1.0

@@ -280,7 +280,8 @@ class SeD(CallsMixin):
                     on_message=lambda mt, h, frames, r=r: self._on_parent(r, mt, h, frames),
                     hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
                     orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
-                    security=self.security, parent_key=self.parent_key)
+                    security=self.security, parent_key=self.parent_key,
+                    on_view_missing=lambda names, r=r: self._view_asked(r, names))
                 r.link.start()
             first = next(iter(self.replicas.values()))     # the process's events go up one link
             self.uplink = EventsUplink(first.name, self.outbox, first.link.send)
@@ -361,6 +362,14 @@ class SeD(CallsMixin):
         if entry is None:
             return
         r.link.send(m.make(MsgType.VIEW, f"{r.name}:v{r.completed}", name=r.name, entries=[entry]))
+
+    def _view_asked(self, r: Replica, names: list) -> None:
+        """The parent lacks this replica's snapshot (lost on the way; an idle
+        replica pushes only on change): push it now."""
+        if r.name in names:
+            if r.push_timer is not None:        # a coalesced push would send nothing if the load came back
+                r.push_timer.cancel()
+            self._push_view(r, force=True)
 
     def _register_info(self, r: Replica) -> dict:
         if r.link is not None and not self._closing:       # after the REGISTER: the parent knows us then

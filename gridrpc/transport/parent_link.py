@@ -40,9 +40,11 @@ class ParentLink:
                  orphan_timeout: float | None = None, on_orphaned: Callable[[], None] | None = None,
                  warn_after: float = 5.0, warn_every: float = 30.0,
                  security: "Security | None" = None, parent_key: bytes | None = None,
-                 on_attached: Callable[[], None] | None = None) -> None:
+                 on_attached: Callable[[], None] | None = None,
+                 on_view_missing: Callable[[list], None] | None = None) -> None:
         self.name = name
         self.on_attached = on_attached      # the parent (again) knows us: what it needs beyond REGISTER
+        self.on_view_missing = on_view_missing  # the parent lacks these snapshots: push them again
         # CURVE to the parent: our element key, the parent's public key pinned
         self._socket_options = security.client_options(parent_key) if security is not None and \
             security.enabled else {}
@@ -116,6 +118,11 @@ class ParentLink:
                 self.attached = False           # its REGISTERED makes us attached again (on_attached)
                 self._send_register()
                 return
+            missing = h.get("view_missing")     # validated at parse: a list of element names
+            if missing and self.on_view_missing is not None and self.attached:
+                log.info("%s: parent %s lacks %d snapshot(s): pushing them again", self.name, self.parent,
+                         len(missing))
+                self.on_view_missing(missing)
             if not self.attached:
                 log.info("%s: attached to parent %s", self.name, self.parent)
                 if self.on_attached is not None:

@@ -218,3 +218,35 @@ def test_calibrate_command_reads_the_default_study_without_study(monkeypatch):
     with pytest.raises(SystemExit):
         cal.cmd_calibrate(p.parse_args(["sim", "calibrate", "--study", "a.json", "--study", "b.json"]))
     assert [x["file"] for x in seen[1]["meta"]["merged"]] == ["a.json", "b.json"]
+
+
+def test_the_throughput_error_split_into_cpu_used_and_cpu_per_call():
+    """A measured run whose saturation step used 150 % of a core at 500
+    calls/s (3,000 us a call) against a simulation using 200 % at 800
+    calls/s (2,500 us a call): 1.6 = 1.33 (CPU used) x 1.2 (CPU per call)."""
+    run = _run(10, "L2-2", 2.0, 500, users=8)
+    run["load"] = [{"users": 4, "rps": 400.0, "cpu": {"MA": 90.0}},
+                   {"users": 8, "rps": 500.0, "cpu": {"MA": 50.0, "LA1": 40.0, "s1": 30.0, "locust": 30.0}}]
+    assert sum(v.saturation_cpu(run).values()) == pytest.approx(150.0)
+    assert v.saturation_cpu(_run(1, "flat", 1.0, 1.0)) is None                # not recorded: no split
+    trees = v.measurements([("a", {"runs": [run]})])
+    m = trees[(10, "L2-2")][0]
+    assert m["cpu_total"] == pytest.approx(150.0)
+    assert m["cpu_by_kind"] == {"MA": 50.0, "LAs": 40.0, "SeDs": 30.0, "locust": 30.0}
+    assert v.by_kind({"MA": 0.1, "LA1": 0.1, "LA1.2": 0.1, "s-LA1": 0.2, "s-LA1-w0": 0.1, "locust": 0.3}) == \
+        pytest.approx({"MA": 0.1, "LAs": 0.2, "SeDs": 0.3, "locust": 0.3})
+    preds = {(10, "L2-2"): {"median_ms": 2.0, "rps_by_users": {8: 800.0}, "busy_by_users": {8: 2.0},
+                            "busy_kinds_by_users": {8: {"MA": 0.4, "LAs": 0.4, "SeDs": 0.8, "locust": 0.4}}}}
+    res = v.compare(trees, preds, ["a"])
+    c = res["rows"][0]["cpu"][0]
+    assert c["us_per_call"]["MA"] == pytest.approx([1000.0, 500.0])          # 50 % at 500/s, 40 % at 800/s
+    assert res["cpu"]["small"]["per_call_ratio_by_kind"]["SeDs"] == pytest.approx(600 / 1000)
+    assert c["rps_ratio"] == pytest.approx(1.6)
+    assert c["share_ratio"] == pytest.approx(200 / 150) and c["per_call_ratio"] == pytest.approx(1.2)
+    assert c["measured_us_per_call"] == pytest.approx(3000) and c["simulated_us_per_call"] == pytest.approx(2500)
+    assert c["rps_ratio"] == pytest.approx(c["share_ratio"] * c["per_call_ratio"])
+    assert res["cpu"]["small"]["of"] == 1 and "large" not in res["cpu"]
+    assert "busy_by_users" not in res["rows"][0] and "busy_kinds_by_users" not in res["rows"][0]
+    text = v.format_many(res)
+    assert "1.60 =  200% /  150% (1.33) x   3000 /   2500 us (1.20)" in text
+    json.dumps(res)

@@ -218,3 +218,38 @@ def test_validate_predicts_the_median_of_several_seeds():
     assert len(set(p["throughputs"])) > 1          # the seeds give different runs
     with pytest.raises(ValueError, match="load_seeds"):
         predict("flat", 2, Costs.load(None), load_seeds=0)
+
+
+def test_the_load_generators_background_share_is_spent_and_not_counted_as_wakeups():
+    """Costs.background: a client of that kind spends the share of a core
+    whatever it handles (a job every BACKGROUND_PERIOD); its wake-ups are
+    kept apart, so the calibration's wake-up column does not see them."""
+    from gridrpc.sim.counts import _snapshot
+    from gridrpc.sim.model import BACKGROUND_PERIOD
+    costs = Costs.load(None)
+    costs.background = {"locust": 0.05}
+    w = World(costs=costs, seed=1)
+    c = w.client("locust", "locust")
+    idle = w.client("client", "client")                 # another kind: no background
+    w.sim.run(until=1.0)
+    busy = c.proc.busy_time + c.proc.io.busy_time        # with the I/O thread's share (io_share)
+    assert busy == pytest.approx(0.05 * (1.0 // BACKGROUND_PERIOD) * BACKGROUND_PERIOD, rel=0.02)
+    assert idle.proc.busy_time == 0.0
+    assert c.bg_wakeups == c.proc.wakeups > 50            # an idle process: every background job woke it
+    assert _snapshot(w)["locust"][1] == 0                 # ... none of them counted as its wake-ups
+    costs.background = {}
+    w = World(costs=costs, seed=1)
+    c = w.client("locust", "locust")
+    w.sim.run(until=1.0)
+    assert c.proc.busy_time == 0.0 and c.bg_wakeups == 0
+
+
+def test_calibration_simulates_the_background_it_fits():
+    from gridrpc.sim import calibrate as cal
+    true = Costs.load(None)
+    true.background = {}
+    study = _synthetic_study(true, background=0.03)
+    fitted = cal.fit(study, None, iterations=2, max_load=15.0)
+    assert fitted.bg("locust") == pytest.approx(0.03, rel=0.05)
+    assert fitted.fit["background"]["locust"] == fitted.bg("locust")
+    assert Costs.load(None).bg("locust") > 0.0           # the built-in costs simulate theirs

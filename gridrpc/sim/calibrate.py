@@ -26,8 +26,10 @@ Per kind of element (MA, LA, SeD process, load generator) non-negative least
 squares fits ``cpu = wakeups * wakeup[kind] + msgs * msg[kind] + items *
 item[kind]`` (the load generator: ``+ background / calls/s``, a share of a
 core it burns whatever the calls, fitted to keep it out of the per-message
-cost; not simulated). Under load a busy process drains several messages per
-wake-up, so the load steps separate the wake-up from the per-message cost.
+cost; written to ``background`` and simulated from the next pass on: a job
+on the load generator's process every 10 ms, whose wake-ups are not counted
+as its own). Under load a busy process drains several messages per wake-up,
+so the load steps separate the wake-up from the per-message cost.
 Wake-ups depend on the costs (a process still busy does not wake up) and on
 the host's time slice (``time_slice``, fixed, 3 ms: how long a process keeps
 a core for its queued jobs), so the counts are taken with the costs being
@@ -46,7 +48,8 @@ every run of every file is a row of the fit, each against its own measured
 CPU; a tree measured in several files is simulated once per pass.
 
 Output (``-o FILE``, the JSON of :class:`gridrpc.sim.model.Costs`):
-``wakeups``/``msgs``/``items`` (CPU seconds per kind), ``exec_cpu``,
+``wakeups``/``msgs``/``items`` (CPU seconds per kind), ``background``
+(share of a core per kind, simulated), ``exec_cpu``,
 ``call_cpu``, ``local_latency``, ``io_share``, ``wake_tail``,
 ``time_slice``, ``crowding``, ``source`` and ``fit``: ``quality[kind]``
 (``rows``, ``discovery_rows``, ``load_rows``, ``median_rel_error`` over all
@@ -227,6 +230,7 @@ def fit(study: dict, suite: dict | None = None, *, max_load: float = 15.0, itera
         costs.wakeups = {k: v for k, v in cols["wakeups"].items()}
         costs.msgs = {**costs.msgs, **cols["msgs"]}
         costs.items = {**costs.items, **cols["items"]}
+        costs.background = dict(cols["background"])        # simulated from the next pass on (ClientNode)
         _client_costs(costs, suite)
         passes.append({"wakeups": dict(costs.wakeups), "msgs": dict(costs.msgs), "items": dict(costs.items),
                        "background": dict(cols["background"]), "crowding": costs.crowding, "sse": quality["sse"]})

@@ -10,6 +10,7 @@ from ..core import call as cm
 from ..core import messages as m
 from ..core.messages import MsgType
 from .engine import Host
+from .model import BACKGROUND_PERIOD
 from .node import Node, Out
 
 __all__ = ["ClientNode", "User"]
@@ -129,8 +130,25 @@ class User:
             self.client.local(lambda out: self.machine is not None and self.event(cm.Tick(), out))
 
 
+class _Background:
+    """A job of a fixed CPU cost with nothing to send (the process's background share)."""
+    __slots__ = ("cost",)
+
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+
+    def complete(self) -> None:
+        pass
+
+
 class ClientNode(Node):
-    """A client process (one DEALER): its users' discoveries and calls."""
+    """A client process (one DEALER): its users' discoveries and calls.
+    With a ``background`` share for its kind (:class:`~gridrpc.sim.model.Costs`,
+    the load generator's, measured by the calibration), it also spends that
+    share of a core whatever the calls: a job every
+    :data:`~gridrpc.sim.model.BACKGROUND_PERIOD`, from its creation; the
+    wake-ups those jobs cause are counted apart (``bg_wakeups``), not as the
+    process's (the calibration fits the background separately)."""
     kind = "client"
 
     def __init__(self, world, name: str, host: Host, ma: bytes, kind: str = "client",
@@ -141,6 +159,18 @@ class ClientNode(Node):
         self.pending: dict[str, User] = {}
         self.policy = policy or cm.CallPolicy()
         self._n = 0
+        self.bg_wakeups = 0
+        share = world.costs.bg(self.kind)
+        if share > 0.0:
+            self._bg_cost = share * BACKGROUND_PERIOD
+            world.sim.after(BACKGROUND_PERIOD, self._background)
+
+    def _background(self) -> None:
+        p = self.proc
+        before = p.wakeups
+        p.submit(_Background, self._bg_cost)
+        self.bg_wakeups += p.wakeups - before
+        self.world.sim.after(BACKGROUND_PERIOD, self._background)
 
     def new_id(self) -> str:
         self._n += 1

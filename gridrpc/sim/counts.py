@@ -16,7 +16,8 @@ __all__ = ["count_discovery", "count_load"]
 
 def _snapshot(w: World) -> dict[str, tuple]:
     nodes = {**w.agents, **w.seds, **{c.name: c for c in w.clients}}
-    return {name: (node.kind, node.proc.wakeups, node.n_msgs, node.n_items,
+    # the wake-ups of a client's background jobs are not the process's (the calibration fits the background apart)
+    return {name: (node.kind, node.proc.wakeups - getattr(node, "bg_wakeups", 0), node.n_msgs, node.n_items,
                    sum(p.jobs_done for p in getattr(node, "workers", ())),
                    node.proc.host.elements / node.proc.host.cores) for name, node in nodes.items()}
 

@@ -16,6 +16,11 @@ the lowest to 1.15 x the highest: the criterion that fits a host whose own
 run-to-run spread is the size of the tolerance). The throughput predicted
 for a tree is the highest of the simulated closed loops at the users where
 the measurements saturated (each the median over ``load_seeds`` seeds).
+Each measurement's error at its own users is also split (:func:`cpu_split`)
+into the CPU used (simulated / measured, the tree and the load generator,
+at the saturation step) and the CPU per call (measured / simulated, in total
+and per kind of element), with medians over small and large trees
+(:func:`cpu_summary`).
 """
 from __future__ import annotations
 
@@ -56,7 +61,20 @@ def predict_load(shape: str, n: int, costs: Costs, *, users: int, seconds: float
         loads.append(closed_loop(w, users, seconds=seconds))
     t = sorted(loads, key=lambda r: r["throughput"])[(len(loads) - 1) // 2]      # the median run
     return {"throughput": t["throughput"], "throughputs": [r["throughput"] for r in loads],
-            "busiest": max(t["busy"], key=t["busy"].get), "ma_busy": t["ma_busy"]}
+            "busiest": max(t["busy"], key=t["busy"].get), "ma_busy": t["ma_busy"],
+            "busy_total": sum(t["busy"].values()), "busy_by_kind": by_kind(t["busy"])}
+
+
+def by_kind(cpu: dict) -> dict[str, float]:
+    """CPU of every element summed by kind, as the study names them (MA, LAs,
+    SeDs with their workers, locust): the study's per-element figures and
+    the simulator's ``busy`` alike."""
+    out: dict[str, float] = {}
+    for name, v in cpu.items():
+        k = ("MA" if name == "MA" else "LAs" if name.startswith("LA") else
+             "locust" if name.startswith("locust") else "SeDs")
+        out[k] = out.get(k, 0.0) + v
+    return out
 
 
 def validate(study: dict, costs: Costs, *, max_load: float | None = None, load_seeds: int = 3,
@@ -125,11 +143,45 @@ def measurements(studies: list[tuple[str, dict]], max_load: float | None = None)
             load = run.get("loadavg_before") or 0.0
             if max_load is not None and load > max_load:
                 continue
-            trees.setdefault((run["n"], run["shape"]), []).append(
-                {"study": label, "median_ms": run["discovery"]["median_ms"],
+            m = {"study": label, "median_ms": run["discovery"]["median_ms"],
                  "rps": run["saturation"]["max_rps"], "users": run["saturation"]["users"],
-                 "load": round(load, 1)})
+                 "load": round(load, 1)}
+            cpu = saturation_cpu(run)
+            if cpu is not None:
+                m["cpu_total"] = sum(cpu.values())
+                m["cpu_by_kind"] = by_kind(cpu)
+            trees.setdefault((run["n"], run["shape"]), []).append(m)
     return dict(sorted(trees.items(), key=lambda kv: kv[0][0]))     # by size; within one, as first seen
+
+
+def saturation_cpu(run: dict) -> dict | None:
+    """The CPU (% of one core per element, the load generator's included)
+    the measured run used at its saturation step, or None when not recorded."""
+    users = run.get("saturation", {}).get("users")
+    for st in run.get("load") or ():
+        if st.get("users") == users and st.get("cpu") and st.get("rps"):
+            return dict(st["cpu"])
+    return None
+
+
+def cpu_split(m: dict, rps: float, busy_total: float, busy_kinds: dict | None = None) -> dict:
+    """Why a simulated throughput differs from a measured one at the same
+    users: ``rps_ratio`` (simulated / measured calls/s) is ``share_ratio``
+    (the CPU the simulation used / the CPU the measured tree and load
+    generator got, both in % of one core) times ``per_call_ratio`` (the
+    measured CPU per call / the simulated one); ``us_per_call`` per kind
+    of element: ``[measured, simulated]``."""
+    meas_us = m["cpu_total"] / 100.0 / m["rps"] * 1e6
+    sim_us = busy_total / rps * 1e6
+    out = {"study": m["study"], "users": m["users"], "measured_cpu_pct": m["cpu_total"],
+           "simulated_cpu_pct": 100.0 * busy_total, "measured_us_per_call": meas_us,
+           "simulated_us_per_call": sim_us, "rps_ratio": rps / m["rps"],
+           "share_ratio": 100.0 * busy_total / m["cpu_total"], "per_call_ratio": meas_us / sim_us}
+    if busy_kinds and m.get("cpu_by_kind"):
+        out["us_per_call"] = {k: [m["cpu_by_kind"].get(k, 0.0) / 100.0 / m["rps"] * 1e6,
+                                  busy_kinds.get(k, 0.0) / rps * 1e6]
+                              for k in ("MA", "LAs", "SeDs", "locust") if k in m["cpu_by_kind"] or k in busy_kinds}
+    return out
 
 
 def judge(predicted: float, measured: list[float], tol: float = TOLERANCE) -> dict:
@@ -195,12 +247,18 @@ def compare(trees: dict[tuple, list[dict]], predictions: dict[tuple, dict], labe
         if missing:
             raise ValueError(f"{key}: no prediction at {sorted(missing)} users")
         rps = max(by_users[m["users"]] for m in ms)
+        busy = {int(u): v for u, v in (p.get("busy_by_users") or {}).items()}
+        kinds = {int(u): v for u, v in (p.get("busy_kinds_by_users") or {}).items()}
+        split = [cpu_split(m, by_users[m["users"]], busy[m["users"]], kinds.get(m["users"])) for m in ms
+                 if m.get("cpu_total") and m["users"] in busy]
         rows.append({"n": key[0], "shape": key[1], "measurements": ms,
                      "predicted_median_ms": p["median_ms"], "predicted_rps": rps,
                      "predicted_rps_by_users": {str(u): by_users[u] for u in sorted({m["users"] for m in ms})},
                      "median": judge(p["median_ms"], [m["median_ms"] for m in ms], tol),
                      "rps": judge(rps, [m["rps"] for m in ms], tol),
-                     **{k: v for k, v in p.items() if k not in ("median_ms", "rps_by_users")}})
+                     **({"cpu": split} if split else {}),
+                     **{k: v for k, v in p.items()
+                        if k not in ("median_ms", "rps_by_users", "busy_by_users", "busy_kinds_by_users")}})
     # the best shape by discovery per size and study, measured and predicted among the trees it measured
     best_shape: dict = {}
     for r in rows:
@@ -212,9 +270,40 @@ def compare(trees: dict[tuple, list[dict]], predictions: dict[tuple, dict], labe
                 b["predicted"], b["_p"] = r["shape"], r["predicted_median_ms"]
     best_shape = {n: {s: {"measured": b["measured"], "predicted": b["predicted"]} for s, b in by.items()}
                   for n, by in best_shape.items()}
-    return {"studies": labels, "tolerance": tol, "rows": rows,
-            "median": summarise(rows, "median", labels, tol), "throughput": summarise(rows, "rps", labels, tol),
-            "best_shape": best_shape}
+    out = {"studies": labels, "tolerance": tol, "rows": rows,
+           "median": summarise(rows, "median", labels, tol), "throughput": summarise(rows, "rps", labels, tol),
+           "best_shape": best_shape}
+    cpu = cpu_summary(rows)
+    if cpu:
+        out["cpu"] = cpu
+    return out
+
+
+#: trees up to this many SeDs are "small" in :func:`cpu_summary`
+SMALL_TREE = 50
+
+
+def cpu_summary(rows: list[dict]) -> dict:
+    """Medians of :func:`cpu_split` over every measurement, and over those
+    of trees up to / over :data:`SMALL_TREE` SeDs: ``of`` (measurements),
+    ``rps_ratio``, ``share_ratio``, ``per_call_ratio``, and the measured CPU
+    (``measured_cpu_pct``)."""
+    out = {}
+    for name, sel in (("all", lambda r: True), ("small", lambda r: r["n"] <= SMALL_TREE),
+                      ("large", lambda r: r["n"] > SMALL_TREE)):
+        xs = [c for r in rows if sel(r) for c in r.get("cpu", ())]
+        if xs:
+            out[name] = {"of": len(xs), **{k: statistics.median(c[k] for c in xs) for k in (
+                "rps_ratio", "share_ratio", "per_call_ratio", "measured_cpu_pct")}}
+            kinds = {}
+            for kind in ("MA", "LAs", "SeDs", "locust"):
+                r = [c["us_per_call"][kind][0] / c["us_per_call"][kind][1] for c in xs
+                     if kind in c.get("us_per_call", {}) and c["us_per_call"][kind][1] > 0]
+                if r:
+                    kinds[kind] = statistics.median(r)
+            if kinds:
+                out[name]["per_call_ratio_by_kind"] = kinds
+    return out
 
 
 def validate_many(studies: list[tuple[str, dict]], costs: Costs, *, max_load: float | None = None,
@@ -229,13 +318,18 @@ def validate_many(studies: list[tuple[str, dict]], costs: Costs, *, max_load: fl
         w.wait_registered()
         d = discovery_series(w, rounds=200)
         by_users = {}
+        busy = {}
+        kinds = {}
         seeds = {}
         for users in sorted({m["users"] for m in ms}):
             lp = predict_load(shape, n, costs, users=users, load_seeds=load_seeds)
             by_users[users] = lp["throughput"]
+            busy[users] = lp["busy_total"]
+            kinds[users] = lp["busy_by_kind"]
             seeds[str(users)] = lp["throughputs"]
         preds[(n, shape)] = {"median_ms": d["discovery_median_ms"], "rps_by_users": by_users,
-                             "predicted_rps_seeds": seeds, "sim_wall_s": time.perf_counter() - t}
+                             "busy_by_users": busy, "busy_kinds_by_users": kinds, "predicted_rps_seeds": seeds,
+                             "sim_wall_s": time.perf_counter() - t}
         progress(f"  {shape:6s} {n:4d}: discovery {d['discovery_median_ms']:6.2f} ms predicted, calls/s "
                  + ", ".join(f"{v:.0f} at {u} users" for u, v in by_users.items()))
     res = compare(trees, preds, [label for label, _ in studies])
@@ -288,6 +382,25 @@ def format_many(res: dict) -> str:
             f"{s} {v['within']}/{v['of']} within {tol:.0%} (median |error| "
             f"{'-' if v['median_abs_error'] is None else format(v['median_abs_error'], '.0%')})"
             for s, v in sm["per_study"].items()))
+        out.append("")
+    if res.get("cpu"):
+        out.append("throughput at the users each measurement saturated: simulated / measured calls/s = CPU used "
+                   "(simulated % / measured %, tree and load generator) x CPU per call (measured / simulated)")
+        for r in res["rows"]:
+            for c in r.get("cpu", ()):
+                out.append(f"{r['n']:5d} {r['shape']:6s} {c['study']:>{width}s} {c['users']:3d} users: "
+                           f"{c['rps_ratio']:5.2f} = {c['simulated_cpu_pct']:4.0f}% / {c['measured_cpu_pct']:4.0f}% "
+                           f"({c['share_ratio']:4.2f}) x {c['measured_us_per_call']:6.0f} / "
+                           f"{c['simulated_us_per_call']:6.0f} us ({c['per_call_ratio']:4.2f})")
+        for name, what in (("all", "every measurement"), ("small", f"trees of <= {SMALL_TREE} SeDs"),
+                           ("large", f"trees of > {SMALL_TREE} SeDs")):
+            c = res["cpu"].get(name)
+            if c:
+                kinds = c.get("per_call_ratio_by_kind") or {}
+                out.append(f"  medians, {what} ({c['of']}): calls/s ratio {c['rps_ratio']:.2f}, CPU used "
+                           f"{c['share_ratio']:.2f} (measured {c['measured_cpu_pct']:.0f}% of 200%), CPU per call "
+                           f"{c['per_call_ratio']:.2f}"
+                           + (" (" + ", ".join(f"{k} {v:.2f}" for k, v in kinds.items()) + ")" if kinds else ""))
         out.append("")
     out.append("best shape by discovery median, among the trees each study measured:")
     for n, by in res["best_shape"].items():

@@ -62,3 +62,20 @@ def test_scale_cli_refuses_a_bad_shape(capsys):
         assert f"bad shape {bad!r}" in capsys.readouterr().err
     a = p.parse_args(["sim", "scale", "--seds", "10"])
     assert a.shapes.split(",") == ["L3-15", "1+316", "1+46+2128", "1+18+309+5556", "L4-7"]
+
+
+def test_a_lost_snapshot_is_asked_for_again_in_the_simulator_too():
+    # the simulated SeDs and LAs answer view_missing as the runtime does (SeD._view_asked,
+    # AgentRuntime._on_view_missing): the same core asks, the same snapshot comes back
+    w = World(seed=3, views=True).build(elements_for("L2-2", 8, seds_per_proc=4))
+    w.wait_registered()
+    w.sim.run(until=w.sim.now + 0.2)
+    ma = w.agents["MA"].state
+    assert len(ma.view.seds) == 8
+    lost = sorted(ma.view.seds)[0]
+    for a in w.agents.values():
+        a.state.view.seds.pop(lost, None)
+    assert len(ma.view.seds) == 7
+    w.sim.run(until=w.sim.now + 8.0)                 # a few heartbeats: asked at the second scan
+    assert lost in ma.view.seds and len(ma.view.seds) == 8
+    assert ma.counters.view_asked >= 1

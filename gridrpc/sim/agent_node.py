@@ -96,6 +96,8 @@ class AgentNode(Node):
             if t is MsgType.HEARTBEAT_ACK:
                 if h.get("known") is False:
                     self._register(out)
+                elif h.get("view_missing") and self.state.view.resend(h["view_missing"], now):
+                    self._arm()                         # AgentRuntime._on_view_missing
                 return
             if t is MsgType.REGISTERED:
                 return

@@ -166,7 +166,11 @@ class SedNode(Node):
                 ids = h.get("ids") or []
                 out.send(r.route, src, m.make(MsgType.PONG, h["id"], name=r.name,
                                               calls={i: self.calls.state(i) for i in ids}))
-        elif t == "heartbeat_ack" and h.get("known") is False:
+        elif t == "heartbeat_ack" and h.get("known") is not False:
+            if self.views and r.name in (h.get("view_missing") or ()):     # SeD._view_asked
+                r.push_gen += 1                 # the runtime cancels its pending timer
+                self._push_view(out, r, True, None)
+        elif t == "heartbeat_ack":
             svc = [{"name": s, "doc": "", "params": []} for s in self.services]
             out.send(r.route, self.parent, m.make(
                 MsgType.REGISTER, self._id(), name=r.name, kind="sed", address=self.address,

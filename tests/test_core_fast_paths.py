@@ -1,6 +1,7 @@
 """The shortcuts of the fan-out path (taken once per SeD and discovery, so
 they decide how fast a 100,000-SeD tree is simulated): each gives what the
 straightforward computation gives."""
+import bisect
 import math
 import random
 
@@ -12,7 +13,7 @@ from gridrpc.core.agent import AgentConfig, AgentState, LocalRole, Received
 from gridrpc.core.estimation import RunTimePredictor, queue_tags, scheduler_tags
 from gridrpc.core.messages import MsgType
 from gridrpc.core.queue import Request, SedScheduler, make_policy
-from gridrpc.core.view import LATENCY_SAMPLES, ChildLatency
+from gridrpc.core.view import _P95, LATENCY_SAMPLES, ChildLatency
 
 
 def _p95_reference(xs):
@@ -48,6 +49,79 @@ def test_child_latency_p95_over_a_long_run():
         lat.observe_all(["a", "b"], xs[-1])
         assert lat.p95["a"] == lat.p95["b"] == _p95_reference(xs)
     assert lat.p95["a"] < max(xs[-LATENCY_SAMPLES:])
+
+
+class _ChildLatencyReference:
+    """ChildLatency as it was: a window of samples per child."""
+
+    def __init__(self):
+        self.samples, self._sorted, self.p95, self.missed = {}, {}, {}, {}
+        self.floor, self.factor = ChildLatency().floor, ChildLatency().factor
+
+    def observe_all(self, children, seconds):
+        for child in children:
+            xs = self.samples.get(child)
+            if xs is None:
+                xs = self.samples[child] = []
+                self._sorted[child] = []
+            srt = self._sorted[child]
+            xs.append(seconds)
+            bisect.insort(srt, seconds)
+            if len(xs) > LATENCY_SAMPLES:
+                del srt[bisect.bisect_left(srt, xs.pop(0))]
+            self.p95[child] = srt[_P95[len(srt)]]
+            if self.missed:
+                self.missed.pop(child, None)
+
+    def forget(self, child):
+        for d in (self.samples, self._sorted, self.p95, self.missed):
+            d.pop(child, None)
+
+
+_CHILDREN = ["a", "b", "c", "d", "e"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("observe"), st.lists(st.sampled_from(_CHILDREN), max_size=6), st.floats(0, 5)),
+    st.tuples(st.just("forget"), st.sampled_from(_CHILDREN), st.just(0.0)),
+    st.tuples(st.just("miss"), st.sampled_from(_CHILDREN), st.floats(0, 5))), max_size=80),
+    st.integers(0, 2))
+def test_child_latency_shared_windows_are_a_window_per_child(ops, repeat):
+    """Children observed together share one window (copied when one of
+    them is observed alone): the samples, sorted samples, p95 (in the same
+    key order), misses and deadlines of a window per child, whatever the
+    groups, repeats (``repeat`` more rounds of the same group, to fill the
+    windows past LATENCY_SAMPLES), duplicates and forgotten children."""
+    lat, ref = ChildLatency(), _ChildLatencyReference()
+    for op, arg, x in ops:
+        if op == "observe":
+            for i in range(1 + repeat * 15):
+                lat.observe_all(list(arg), x + i)
+                ref.observe_all(list(arg), x + i)
+        elif op == "forget":
+            lat.forget(arg)
+            ref.forget(arg)
+        else:
+            lat.miss(arg, x)
+            ref.missed[arg] = x
+        assert lat.samples == ref.samples and lat._sorted == ref._sorted
+        assert list(lat.samples) == list(ref.samples) and list(lat._sorted) == list(ref._sorted)
+        assert list(lat.p95.items()) == list(ref.p95.items())
+        assert lat.missed == ref.missed
+        for c in _CHILDREN:
+            assert lat.deadline([c, "a"], 9.0) == ChildLatency.deadline(ref, [c, "a"], 9.0)
+
+
+def test_child_latency_shares_the_window_of_children_observed_together():
+    lat = ChildLatency()
+    names = [f"s-{i}" for i in range(18)]
+    for i in range(40):
+        lat.observe_all(names, 0.001 * i)
+    assert len({id(lat.samples[n]) for n in names}) == 1         # one window for the SeD process's replicas
+    lat.observe("s-3", 1.0)                                       # one answered alone: its own copy from now on
+    assert lat.samples["s-3"][-1] == 1.0 and lat.samples["s-4"][-1] == 0.039
+    assert len({id(lat.samples[n]) for n in names}) == 2
 
 
 def _queue_tags_reference(service, predictor, now, max_concurrent, last_solve, running, waiting):
@@ -90,6 +164,29 @@ def test_scheduler_tags_of_an_idle_and_a_busy_scheduler():
     busy = scheduler_tags(scheduler=sch, service="a", predictor=p, now=10.2, last_solve=4.0)
     assert busy == _queue_tags_reference("a", p, 10.2, 1, 4.0, [(10.0, "a")], ["a"])
     assert busy["est_wait"] > 0 and idle["est_wait"] == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0, 1e6), st.integers(1, 3), st.one_of(st.none(), st.floats(0, 1e6)),
+       st.integers(0, 3), st.sampled_from(["serial", "batch"]),
+       st.dictionaries(st.sampled_from(["nb_cpu", "free_cpu", "tcomp", "server_type", "eft"]), st.integers(0, 9),
+                       max_size=4))
+def test_estimation_vector_is_the_merge(now, mc, last, calls, server_type, host_tags):
+    """The whole vector, idle or not (idle: filled in place), is the merge
+    of the host's tags, the server type and scheduler_tags, keys in the same order."""
+    from gridrpc.core.estimation import estimation_vector
+    p = RunTimePredictor()
+    p.observe("a", 0.5)
+    sch = SedScheduler(make_policy("fcfs"), max_concurrent=mc)
+    for i in range(calls):
+        sch.submit(Request(id=f"r{i}", user="u", service="a", submitted=now), now)
+    for service in ("a", "b"):
+        got = estimation_vector(host_tags, server_type, scheduler=sch, service=service, predictor=p, now=now,
+                                last_solve=last)
+        want = {**host_tags, "server_type": server_type,
+                **scheduler_tags(scheduler=sch, service=service, predictor=p, now=now, last_solve=last)}
+        assert got == want and list(got) == list(want)
+        assert got is not host_tags
 
 
 def _register(st_, name, pid, now=0.0):

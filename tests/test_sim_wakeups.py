@@ -103,6 +103,84 @@ def test_time_slice_keeps_the_core_for_queued_jobs():
         assert [t for t, _ in log] == want, time_slice
 
 
+def test_events_run_in_time_then_scheduling_order():
+    """Near events and far ones (timers, past Sim.HORIZON) are in two heaps:
+    they run in the order of one heap of (time, sequence), ties in the
+    order they were scheduled, and a run stops at ``until`` whichever heap
+    holds the next event."""
+    import heapq
+    import random
+    rng = random.Random(5)
+    sim, log, ref, seq = Sim(), [], [], [0]
+
+    def ev(tag):
+        log.append((tag, sim.now))
+        if rng.random() < 0.5:                  # events schedule more, near and far, some at equal times
+            for _ in range(rng.randrange(3)):
+                dt = rng.choice([0.0, 1e-5, 1e-5, 5e-4, 2e-3, 0.05, rng.random() * 0.1])
+                seq[0] += 1
+                heapq.heappush(ref, (sim.now + dt, seq[0]))
+                sim.after(dt, ev, seq[0])
+    for _ in range(200):
+        t = rng.choice([0.0, 0.001, 0.5, rng.random()])
+        seq[0] += 1
+        heapq.heappush(ref, (t, seq[0]))
+        sim.at(t, ev, seq[0])
+    for until in (0.0, 0.0011, 0.3, 0.5, 10.0):
+        sim.run(until=until)
+        assert all(t <= until for _, t in log)
+        if sim._heap or sim._far:               # stopped by until: the clock is there
+            assert sim.now == until
+    want = []
+    while ref:
+        t, tag = heapq.heappop(ref)
+        want.append((tag, t))
+    assert [tag for tag, _ in log] == [tag for tag, _ in want]
+    assert [t for _, t in log] == [t for _, t in want]
+    assert sim.events == len(log)
+
+
+def test_a_job_end_and_a_timer_at_the_same_time_run_in_scheduling_order():
+    """A job's end goes to the near heap however long the job; a timer
+    scheduled later for the same time, to the far one: the job ends first."""
+    sim, host, p = _proc(wakeup=0.0)
+    log: list = []
+    sim.at(0.0, p.submit, lambda: _Job(log, "job", sim, cost=0.01))
+    sim.at(0.001, lambda: sim.at(0.01, lambda: log.append(("timer", sim.now))))
+    sim.run()
+    assert log == [("job", 0.01), ("timer", 0.01)]
+
+
+def test_io_thread_jobs_are_fixed_cost_jobs():
+    """IoProc.add is Proc.submit of a fixed-cost job: the same end times,
+    busy times, jobs and wake-ups, on a contended and an uncontended host."""
+    from gridrpc.sim.engine import IoProc, _Fixed
+
+    class OldIo(Proc):
+        def add(self, cost):
+            self.submit(_Fixed, cost)
+
+    def run(io_class, cores, time_slice):
+        sim = Sim()
+        host = Host(sim, "h", cores, time_slice=time_slice)
+        p = Proc(host, "p", "la", W, 0.5)
+        p.io = io_class(host, "p-io") if io_class is IoProc else io_class(host, "p-io", "io")
+        p.io_share = 0.3
+        other = Proc(host, "o", "sed", W)
+        log: list = []
+        for i in range(40):
+            t = 0.0002 * (i % 7) + 0.001 * (i // 7)
+            sim.at(t, p.submit, lambda i=i: _Job(log, f"p{i}", sim, cost=C * (1 + i % 3)))
+            if i % 3 == 0:
+                sim.at(t, other.submit, lambda i=i: _Job(log, f"o{i}", sim))
+        sim.run()
+        procs = (p, p.io, other)
+        return log, [(q.busy_time, q.jobs_done, q.wakeups) for q in procs], host.busy_time, sim.events
+    for cores in (1, 2, 4):
+        for time_slice in (0.0, 3e-3):
+            assert run(IoProc, cores, time_slice) == run(OldIo, cores, time_slice), (cores, time_slice)
+
+
 def test_bad_parameters_are_refused():
     sim = Sim()
     with pytest.raises(ValueError, match="time_slice"):

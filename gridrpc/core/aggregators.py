@@ -76,17 +76,21 @@ class DefaultAggregator:
     def rank(self, servers, rng):
         # _keyed with the key inlined (an LA of a large tree ranks every SeD's answer):
         # key (0, -time_since_last_solve), or (1, 0.0) without a number; one draw per server, in order
+        # flat (group, -v, random, position): the same order as ((group, -v), random) and a stable sort
         rnd = rng.random
         decorated = []
-        for s in servers:
+        append = decorated.append
+        for i, s in enumerate(servers):
             est = s.get("estimation")
             v = est.get("time_since_last_solve") if isinstance(est, dict) else None
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-                decorated.append(((1, 0.0), rnd(), s))
+            if type(v) is float and v == v:             # a number, not NaN (the usual case)
+                append((0, -v, rnd(), i, s))
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                append((1, 0.0, rnd(), i, s))
             else:
-                decorated.append(((0, -float(v)), rnd(), s))
-        decorated.sort(key=_KEY_RANDOM)
-        return [s for _, _, s in decorated]
+                append((0, -float(v), rnd(), i, s))
+        decorated.sort()                                # never compares s: the positions differ
+        return [d[4] for d in decorated]
 
     @staticmethod
     def view_key(est: dict, at: float) -> tuple:

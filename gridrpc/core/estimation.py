@@ -16,7 +16,7 @@ STANDARD_TAGS = ("tcomp", "eft", "free_cpu", "free_mem", "nb_cpu", "total_mem", 
                  "num_running", "max_concurrent", "time_since_last_solve", "server_type")
 
 
-@dataclass
+@dataclass(slots=True)
 class RunTimePredictor:
     """Per-service predicted run time: exponentially weighted mean of past
     durations (``alpha`` weight of the newest), ``default`` before any call."""
@@ -75,3 +75,28 @@ def scheduler_tags(*, scheduler, service: str, predictor: RunTimePredictor, now:
         service=service, predictor=predictor, now=now,
         num_waiting=len(sch.requests) - len(sch.running), num_running=len(sch.running),
         max_concurrent=sch.max_concurrent, last_solve=last_solve, running=running, waiting_services=waiting)
+
+
+def estimation_vector(host_tags: dict, server_type: str, *, scheduler, service: str,
+                      predictor: RunTimePredictor, now: float, last_solve: float | None) -> dict:
+    """A replica's whole vector: ``host_tags``, ``server_type``, then
+    :func:`scheduler_tags` (the same dict as ``{**host_tags, "server_type":
+    server_type, **scheduler_tags(...)}``, keys in that order). An idle
+    scheduler's is filled in place (a large tree's fan-out asks every idle
+    SeD; tests/test_core_fast_paths.py compares it with the merge)."""
+    vec = host_tags.copy() if type(host_tags) is dict else dict(host_tags)
+    vec["server_type"] = server_type
+    sch = scheduler
+    if not sch.requests and sch.max_concurrent > 0:     # scheduler_tags's idle case
+        tcomp = predictor.predict(service)
+        vec["tcomp"] = tcomp
+        vec["eft"] = now + tcomp
+        vec["num_waiting"] = 0 - len(sch.running)
+        vec["num_running"] = len(sch.running)
+        vec["max_concurrent"] = sch.max_concurrent
+        vec["time_since_last_solve"] = (now - last_solve) if last_solve is not None else 1e9
+        vec["est_wait"] = now - now
+        return vec
+    vec.update(scheduler_tags(scheduler=sch, service=service, predictor=predictor, now=now,
+                              last_solve=last_solve))
+    return vec

@@ -96,7 +96,7 @@ def make_policy(name: str, **options) -> QueuePolicy:
         raise ValueError(f"bad options for queue policy {name!r}: {exc}") from None
 
 
-@dataclass
+@dataclass(slots=True)
 class SedScheduler:
     """The queue of one SeD. Pure: call with ``now``, apply the returned actions."""
     policy: QueuePolicy

@@ -319,6 +319,24 @@ def _age(age_ms: object) -> float:
 _P95 = [0] + [min(n - 1, int(math.ceil(0.95 * n)) - 1) for n in range(1, LATENCY_SAMPLES + 2)]
 
 
+class _Window:
+    """The last samples of the children that share them (see :meth:`ChildLatency.observe_all`)."""
+    __slots__ = ("xs", "srt", "members", "p95")
+
+    def __init__(self, xs: list, srt: list) -> None:
+        self.xs, self.srt = xs, srt     # in arrival order; the same, sorted
+        self.members: list = []         # the children sharing it, in the order they joined
+        self.p95 = 0.0
+
+    def add(self, seconds: float) -> None:
+        xs, srt = self.xs, self.srt
+        xs.append(seconds)
+        bisect.insort(srt, seconds)
+        if len(xs) > LATENCY_SAMPLES:
+            del srt[bisect.bisect_left(srt, xs.pop(0))]
+        self.p95 = srt[_P95[len(srt)]]
+
+
 class ChildLatency:
     """Per-child answer latencies of fan-outs (the last ``LATENCY_SAMPLES``)."""
 
@@ -326,35 +344,83 @@ class ChildLatency:
         self.floor, self.factor = floor, factor
         self.samples: dict[str, list[float]] = {}
         self._sorted: dict[str, list[float]] = {}   # the same samples, kept sorted
+        self._window: dict[str, _Window] = {}       # child -> its window (the lists of both dicts above)
         self.p95: dict[str, float] = {}
         self.missed: dict[str, float] = {}          # child -> when it last missed its deadline
 
     def observe(self, child: str, seconds: float) -> None:
-        self.observe_all((child,), seconds)
+        self.observe_all([child], seconds)
 
     def observe_all(self, children, seconds: float) -> None:
         """``children`` answered in ``seconds`` (the replicas of one SeD
         process answer together). Called once per child and fan-out: the
-        samples are kept sorted, never sorted again."""
-        samples, ordered, p95, missed = self.samples, self._sorted, self.p95, self.missed
+        samples are kept sorted, never sorted again. Children observed
+        together from their first sample on have the same samples: they
+        share one window, updated once (a leaf agent observes its SeD
+        process's replicas at every fan-out); one observed without the
+        others gets a copy of its own first. The same samples and p95 as a
+        window per child (tests/test_core_fast_paths.py)."""
+        if not isinstance(children, list):
+            children = list(children)
+        windows = self._window
+        w = windows.get(children[0]) if children else None
+        if w is not None and w.members == children:     # the children of one window, as last time
+            w.add(seconds)
+            p95, missed, x = self.p95, self.missed, w.p95
+            for child in children:
+                p95[child] = x
+                if missed:
+                    missed.pop(child, None)
+            return
+        if len(children) > 1 and len(set(children)) < len(children):
+            for child in children:          # a child named twice is observed twice, in turn
+                self.observe_all([child], seconds)
+            return
+        groups: dict[int, tuple[_Window, list]] = {}
+        fresh: list = []
         for child in children:
-            xs = samples.get(child)
-            if xs is None:
-                xs = samples[child] = []
-                ordered[child] = []
-            srt = ordered[child]
-            xs.append(seconds)
-            bisect.insort(srt, seconds)
-            if len(xs) > LATENCY_SAMPLES:
-                del srt[bisect.bisect_left(srt, xs.pop(0))]
-            p95[child] = srt[_P95[len(srt)]]
+            w = windows.get(child)
+            if w is None:
+                fresh.append(child)
+                continue
+            g = groups.get(id(w))
+            if g is None:
+                groups[id(w)] = (w, [child])
+            else:
+                g[1].append(child)
+        if fresh:
+            w = _Window([], [])
+            self._join(fresh, w)
+            groups[id(w)] = (w, fresh)
+        for w, observed in groups.values():
+            if len(observed) < len(w.members):     # some who share it were not observed: these go on with a copy
+                gone = set(observed)
+                w.members = [c for c in w.members if c not in gone]
+                w = _Window(list(w.xs), list(w.srt))
+                self._join(observed, w)
+            w.add(seconds)
+        p95, missed = self.p95, self.missed
+        for child in children:              # in the children's order (as one window per child would)
+            p95[child] = windows[child].p95
             if missed:
                 missed.pop(child, None)
+
+    def _join(self, children: list, w: _Window) -> None:
+        """``children`` (in order) take window ``w``."""
+        w.members.extend(children)
+        windows, samples, ordered = self._window, self.samples, self._sorted
+        for child in children:
+            windows[child] = w
+            samples[child] = w.xs
+            ordered[child] = w.srt
 
     def miss(self, child: str, now: float) -> None:
         self.missed[child] = now
 
     def forget(self, child: str) -> None:
+        w = self._window.pop(child, None)
+        if w is not None:
+            w.members.remove(child)
         self.samples.pop(child, None)
         self._sorted.pop(child, None)
         self.p95.pop(child, None)

@@ -9,39 +9,58 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-from .engine import Host, Proc
+from .engine import Host, IoProc, Proc
 
 __all__ = ["Node", "Out", "items", "size"]
 
 
 def items(h: dict) -> int:
+    """Items in a header: its servers, names, elements, entries, fresh and gone."""
+    get = h.get
     n = 0
-    for key in ("servers", "names", "elements", "entries", "fresh", "gone"):
-        v = h.get(key)
-        if v:
-            n += len(v)
+    v = get("servers")
+    if v:
+        n += len(v)
+    v = get("names")
+    if v:
+        n += len(v)
+    v = get("elements")
+    if v:
+        n += len(v)
+    v = get("entries")
+    if v:
+        n += len(v)
+    v = get("fresh")
+    if v:
+        n += len(v)
+    v = get("gone")
+    if v:
+        n += len(v)
     return n
 
 
 def size(h: dict) -> int:
     """Bytes on the wire, roughly (measured orjson sizes of typical headers)."""
+    get = h.get
     n = 140
-    v = h.get("servers")
+    v = get("servers")
     if v:
         n += 330 * len(v)
-    v = h.get("names")
+    v = get("names")
     if v:
         n += 12 * len(v)
-    v = h.get("elements")
+    v = get("elements")
     if v:
         n += 260 * len(v)
-    v = h.get("entries")            # pushed snapshots (VIEW)
+    v = get("entries")            # pushed snapshots (VIEW)
     if v:
         n += 330 * len(v)
-    for key in ("fresh", "gone"):
-        v = h.get(key)
-        if v:
-            n += 12 * len(v)
+    v = get("fresh")
+    if v:
+        n += 12 * len(v)
+    v = get("gone")
+    if v:
+        n += 12 * len(v)
     return n
 
 
@@ -60,9 +79,8 @@ class Out:
         self.sends.append((src, dst, header))
 
     def complete(self) -> None:
-        world = self.node.world
-        for src, dst, h in self.sends:
-            world.transmit(self.node, src, dst, h)
+        if self.sends:
+            self.node.world.transmit_all(self.node, self.sends)
         for fn in self.after:
             fn()
 
@@ -79,15 +97,16 @@ class Node:
         host.add_element()
         share = world.costs.io_share
         if share > 0.0 and self.kind != "worker":
-            self.proc.io = Proc(host, name + "-io", "io")
+            self.proc.io = IoProc(host, name + "-io")
             self.proc.io_share = share
         self.inbound: collections.Counter = collections.Counter()
         self.n_msgs = 0             # messages received and sent (what the calibration fits against)
         self.n_items = 0
 
     def deliver(self, src: bytes, dst: bytes, h: dict) -> None:
-        self.inbound[h["type"]] += 1
-        self.world.note_inbound(self, h)
+        t = h["type"]
+        self.inbound[t] += 1
+        self.world.inbound[self.name][t] += 1          # World.note_inbound, inlined
         self.proc.submit(self._job, src, dst, h)
 
     def _job(self, src, dst, h) -> Out:
@@ -99,11 +118,15 @@ class Node:
     def charge(self, out: Out, n_items: int) -> None:
         c = self.world.costs
         k = self.kind
-        nm = (1 if n_items >= 0 else 0) + len(out.sends)
-        ni = max(n_items, 0) + sum(items(s[2]) for s in out.sends) + out.items
+        sends = out.sends
+        nm = (1 if n_items >= 0 else 0) + len(sends)
+        sent = 0
+        for s in sends:
+            sent += items(s[2])
+        ni = max(n_items, 0) + sent + out.items
         self.n_msgs += nm
         self.n_items += ni
-        out.cost += c.msg(k) * nm + c.item(k) * ni
+        out.cost += c.msgs.get(k, 0.0) * nm + c.items.get(k, 0.0) * ni      # c.msg(k), c.item(k)
 
     def handle(self, src, dst, h, out: Out) -> None:    # pragma: no cover - overridden
         raise NotImplementedError

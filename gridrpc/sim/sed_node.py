@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 
 from ..core import messages as m
-from ..core.estimation import RunTimePredictor, scheduler_tags
+from ..core.estimation import RunTimePredictor, estimation_vector
 from ..core.messages import MsgType
 from ..core.queue import SedScheduler, make_policy
 from ..core.view import PushRule, load_key, sed_entry
@@ -106,9 +106,8 @@ class SedNode(Node):
             out.send(r.route, self.parent, m.make(MsgType.HEARTBEAT, self._id(), name=r.name, load=load))
 
     def estimate(self, r: Replica, service: str, now: float) -> dict:
-        return {**self.host_tags, "server_type": "serial",
-                **scheduler_tags(scheduler=r.scheduler, service=service, predictor=r.predictor, now=now,
-                                 last_solve=r.last_solve)}
+        return estimation_vector(self.host_tags, "serial", scheduler=r.scheduler, service=service,
+                                 predictor=r.predictor, now=now, last_solve=r.last_solve)
 
     # -- pushed state (SeD._view_changed / SeD._push_view) ---------------------------
     def _view_changed(self, r: Replica, now: float) -> None:
@@ -141,12 +140,17 @@ class SedNode(Node):
             names = h.get("names") if isinstance(h.get("names"), list) else [r.name]
             mine = [self.by_name[n] for n in names if n in self.by_name] or [r]
             service = h["service"]
-            servers = [] if service not in self.services else [
-                {"name": rep.name, "address": self.address, "estimation": self.estimate(rep, service, now)}
-                for rep in mine]
+            if service in self.services:         # self.estimate(rep, service, now) of each
+                address, tags = self.address, self.host_tags
+                servers = [{"name": rep.name, "address": address, "estimation": estimation_vector(
+                    tags, "serial", scheduler=rep.scheduler, service=service, predictor=rep.predictor, now=now,
+                    last_solve=rep.last_solve)} for rep in mine]
+            else:
+                servers = []
             self.estimates += len(servers)
+            answered_at = self.answered_at
             for rep in mine:
-                self.answered_at[rep.name] = now
+                answered_at[rep.name] = now
             reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
             if len(mine) > 1:
                 reply["names"] = [rep.name for rep in mine]

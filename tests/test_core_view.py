@@ -479,3 +479,14 @@ def test_an_agent_resends_only_the_snapshots_it_holds():
     v.take(0.1)
     assert v.resend(["a", "b"], 0.2) == 1
     assert [e["name"] for e in v.take(0.3)["entries"]] == ["a"]
+
+
+def test_a_parent_cannot_flood_a_child_with_view_missing_names():
+    import pytest as _pytest
+    from gridrpc.core.fields import MAX_VIEW_MISSING
+    from gridrpc.errors import ProtocolError
+    ok = m.make(MsgType.HEARTBEAT_ACK, "h", known=True, view_missing=[f"s{i}" for i in range(MAX_VIEW_MISSING)])
+    assert m.parse_header(m.dumps(ok))[1]["view_missing"][-1] == f"s{MAX_VIEW_MISSING - 1}"
+    for bad in ([f"s{i}" for i in range(MAX_VIEW_MISSING + 1)], ["../etc/passwd"], [3], "sed-1"):
+        with _pytest.raises(ProtocolError):
+            m.parse_header(m.dumps(m.make(MsgType.HEARTBEAT_ACK, "h", known=True, view_missing=bad)))

@@ -24,7 +24,7 @@ from .agent_federation import PEER_PREFIX
 from .agent_roles import MIN_BUDGET_S, child_budget_ms, discovery_budget
 from .aggregators import make_aggregator
 from .discovery import Done
-from .fields import MAX_K
+from .fields import MAX_K, MAX_VIEW_MISSING
 from .messages import MsgType
 from .tree import ChildRegistry
 from .view import MAX_RANKINGS, ViewRanking, candidates, power_of_two
@@ -35,8 +35,8 @@ __all__ = ["VIEW_ASK_FIRST", "VIEW_ASK_MAX", "VIEW_ASK_MAX_S", "Discovering", "g
 #: (a SeD just registered has its first push on the way), doubling while some stay missing
 VIEW_ASK_FIRST = 1.0
 VIEW_ASK_MAX_S = 60.0
-#: names asked of one child in one HEARTBEAT_ACK
-VIEW_ASK_MAX = 1024
+#: names asked of one child in one HEARTBEAT_ACK (what a child accepts, core.fields)
+VIEW_ASK_MAX = MAX_VIEW_MISSING
 
 log = logging.getLogger("gridrpc.core.agent")     # the agent's one logger
 

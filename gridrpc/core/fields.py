@@ -27,6 +27,7 @@ MAX_BUDGET_MS = 86_400_000.0    # a day; agents clamp to their own limits anyway
 MAX_ITEMS = 100_000             # servers, elements, services, ids in one message
 MAX_KEYS = 256                  # load, timing, batch and error objects
 MAX_BATCH = 512                 # messages in one batch envelope
+MAX_VIEW_MISSING = 1024         # SeD names a parent asks one child for in a heartbeat_ack
 MAX_BATCH_PART = 1024           # frames of one message inside a batch
 SHORT = 256                     # service names, users, kinds, states, aggregator names
 ADDRESS = 1024                  # tcp://host:port addresses
@@ -255,7 +256,7 @@ BY_TYPE: dict[str, tuple] = {
     "unregister": _fields(("name", True, *NAME)),
     "heartbeat": _fields(("name", True, *NAME), ("load", False, *obj(MAX_KEYS)),
                          ("elements", False, *list_of(ELEMENT, MAX_ITEMS))),
-    "heartbeat_ack": _fields(("known", True, *BOOL), ("view_missing", False, *list_of(NAME, MAX_ITEMS))),
+    "heartbeat_ack": _fields(("known", True, *BOOL), ("view_missing", False, *list_of(NAME, MAX_VIEW_MISSING))),
     "discover": _fields(("service", True, *SERVICE), ("k", True, *integer(0, MAX_K)),
                         ("aggregator", False, *AGGREGATOR), ("budget_ms", False, *number(0, MAX_BUDGET_MS)),
                         ("user", False, *TEXT_SHORT), ("optional", False, *BOOL),

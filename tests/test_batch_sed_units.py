@@ -664,6 +664,8 @@ def test_restart_resumes_cancels_and_adopts_jobs_that_started(tmp_path):
         fake.run(jid_started)
         _wait(lambda: sed.test_loop.call(sed.jobs).get("started-unknown", {}).get("state") == "done",
               what="the adopted job's answer to be kept")
+        # the answer is held in memory at once and written to disk off the loop (_io_call): wait for the file
+        _wait(lambda: jobfiles.read_reply(jobs / "started-unknown") is not None, what="the kept answer on disk")
         assert jobfiles.read_reply(jobs / "started-unknown")[0]["value"] == 42
 
 

@@ -1,5 +1,5 @@
 """``gridrpc sim validate`` with several measurements of the same trees
-(gridrpc/sim/validate.py: judge, measurements, summarise, compare,
+(gridrpc/sim/validate_compare.py, through gridrpc.sim.validate: judge, measurements, summarise, compare,
 format_many) and ``gridrpc sim calibrate`` with several studies
 (gridrpc/sim/calibrate.py: merge_studies)."""
 from __future__ import annotations

@@ -188,15 +188,13 @@ class Endpoint:
         """Send to a peer; False (logged at debug) when it is gone. While a
         batch from that peer is being handled, small answers to it are held
         and go back as one batch when it is done (then True means queued)."""
-        held = self._held
-        if held is not None and route[0] is self._held_route[0] and not has_big(buffers):
-            held.append([m.dumps(header), *buffers])
-            self.stats.sent += 1
+        head = m.dumps(header)
+        if self._hold(route, head, buffers):
             return True
-        if held:
+        if self._held:
             self._flush_held()              # keep the order of what this peer gets
         try:
-            self.channel.send([*route, m.dumps(header), *buffers])
+            self.channel.send([*route, head, *buffers])
         except GridRPCError as exc:
             log.debug("%s: could not send %s %s: %s", self.name, header.get("type"), header.get("id"), exc)
             return False
@@ -225,19 +223,26 @@ class Endpoint:
         held like :meth:`send`'s small answers while a batch from that peer is
         handled (a batch of CANCELs is answered by a CANCELLED and the call's
         own ERROR each: both go back in the batch)."""
-        held = self._held
-        if (held is not None and _same_peer(route[0], self._held_route[0])
-                and all(type(f) is bytes for f in frames) and not has_big(frames)):
-            held.append(list(frames))
-            self.stats.sent += 1
+        # a cached answer may hold zmq Frames, whose size has_big does not see: only bytes are held
+        if all(type(f) is bytes for f in frames) and self._hold(route, frames[0], frames[1:]):
             return True
-        if held:
+        if self._held:
             self._flush_held()
         try:
             self.channel.send([*route, *frames])
         except GridRPCError as exc:
             log.debug("%s: could not send cached frames: %s", self.name, exc)
             return False
+        self.stats.sent += 1
+        return True
+
+    def _hold(self, route: list, head: bytes, buffers) -> bool:
+        """Hold a small answer to the peer whose batch is being handled (it goes
+        back in that batch, :meth:`_flush_held`); False when not held."""
+        held = self._held
+        if held is None or not _same_peer(route[0], self._held_route[0]) or has_big(buffers):
+            return False
+        held.append([head, *buffers])
         self.stats.sent += 1
         return True
 

@@ -118,7 +118,7 @@ class AgentState(Discovering, Federating, Catalogue):
         self._groups: tuple = (-1, {})              # (registry version, {service: children by process})
         self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
         self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
-        self._asking: list | None = None             # snapshots missing: [next scan, interval, child -> names]
+        self._asking = None                          # snapshots missing from the view (agent_discovery._Asking)
         self._rebuild_until: float | None = None     # set at the first event: start + rebuild time
         self._forwarded: dict = {}                   # federated discovery id -> what its answer needs
         self._on_peer = {

@@ -53,6 +53,17 @@ def group_by_process(registry: ChildRegistry, names: list[str]) -> list[list[str
     return list(groups.values())
 
 
+class _Asking:
+    """Snapshots missing from the view (:meth:`Discovering._view_missing`)."""
+    __slots__ = ("next_scan", "interval", "ask", "missing")
+
+    def __init__(self, next_scan: float) -> None:
+        self.next_scan = next_scan              # when the registry is scanned next
+        self.interval = VIEW_ASK_FIRST          # doubling up to VIEW_ASK_MAX_S
+        self.ask: dict[str, list[str]] = {}     # child -> names to ask of it (given once per scan)
+        self.missing: set[str] = set()          # missing at the last scan
+
+
 class Discovering:
     """The discovery and pushed-view transitions of :class:`~gridrpc.core.agent.AgentState`."""
 
@@ -111,24 +122,24 @@ class Discovering:
             self._asking = None
             return []
         a = self._asking
-        if a is None:       # [next scan, interval, child -> names to ask, missing at the last scan]
-            self._asking = [now + VIEW_ASK_FIRST, VIEW_ASK_FIRST, {}, set()]
+        if a is None:
+            self._asking = _Asking(now + VIEW_ASK_FIRST)
             return []
-        if now >= a[0]:
-            before, still, ask = a[3], set(), {}
+        if now >= a.next_scan:
+            missing, ask = set(), {}
             for name, via in owner.items():
                 s = seds.get(name)
                 if s is None or s.via != via:
-                    still.add(name)
-                    if name in before:
+                    missing.add(name)
+                    if name in a.missing:               # missing at the scan before too
                         names = ask.setdefault(via, [])
                         if len(names) < VIEW_ASK_MAX:
                             names.append(name)
-            a[2], a[3] = ask, still
-            a[1] = min(a[1] * 2, VIEW_ASK_MAX_S)
-            a[0] = now + a[1]
+            a.ask, a.missing = ask, missing
+            a.interval = min(a.interval * 2, VIEW_ASK_MAX_S)
+            a.next_scan = now + a.interval
             self.counters.view_asked += sum(len(v) for v in ask.values())
-        return a[2].pop(child, [])
+        return a.ask.pop(child, [])
 
     def _on_view(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         if not self.config.view:                       # views off: nothing kept, nothing pushed up

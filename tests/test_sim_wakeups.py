@@ -154,11 +154,11 @@ def test_a_job_end_and_a_timer_at_the_same_time_run_in_scheduling_order():
 def test_io_thread_jobs_are_fixed_cost_jobs():
     """IoProc.add is Proc.submit of a fixed-cost job: the same end times,
     busy times, jobs and wake-ups, on a contended and an uncontended host."""
-    from gridrpc.sim.engine import IoProc, _Fixed
+    from gridrpc.sim.engine import FixedJob, IoProc
 
     class OldIo(Proc):
         def add(self, cost):
-            self.submit(_Fixed, cost)
+            self.submit(FixedJob, cost)
 
     def run(io_class, cores, time_slice):
         sim = Sim()

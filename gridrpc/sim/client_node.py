@@ -9,7 +9,7 @@ from typing import Callable
 from ..core import call as cm
 from ..core import messages as m
 from ..core.messages import MsgType
-from .engine import Host
+from .engine import FixedJob, Host
 from .model import BACKGROUND_PERIOD
 from .node import Node, Out
 
@@ -130,17 +130,6 @@ class User:
             self.client.local(lambda out: self.machine is not None and self.event(cm.Tick(), out))
 
 
-class _Background:
-    """A job of a fixed CPU cost with nothing to send (the process's background share)."""
-    __slots__ = ("cost",)
-
-    def __init__(self, cost: float) -> None:
-        self.cost = cost
-
-    def complete(self) -> None:
-        pass
-
-
 class ClientNode(Node):
     """A client process (one DEALER): its users' discoveries and calls.
     With a ``background`` share for its kind (:class:`~gridrpc.sim.model.Costs`,
@@ -168,7 +157,7 @@ class ClientNode(Node):
     def _background(self) -> None:
         p = self.proc
         before = p.wakeups
-        p.submit(_Background, self._bg_cost)
+        p.submit(FixedJob, self._bg_cost)
         self.bg_wakeups += p.wakeups - before
         self.world.sim.after(BACKGROUND_PERIOD, self._background)
 

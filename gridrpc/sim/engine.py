@@ -217,7 +217,7 @@ class Proc:
     def add(self, cost: float) -> None:
         """A job of ``cost`` CPU seconds with nothing to do at its end (an
         element's I/O thread's share: :class:`IoProc` does it without the job object)."""
-        self.submit(_Fixed, cost)
+        self.submit(FixedJob, cost)
 
     def _run_next(self) -> None:
         fn, args = self.jobs.popleft()
@@ -276,8 +276,9 @@ def _complete(out: Any) -> None:
         out.complete()
 
 
-class _Fixed:
-    """A job of a fixed cost with nothing to do at its end."""
+class FixedJob:
+    """A job of a fixed cost with nothing to do at its end (an I/O thread's share, a process's
+    background share)."""
     __slots__ = ("cost",)
 
     def __init__(self, cost: float) -> None:
@@ -290,7 +291,7 @@ class _Fixed:
 class IoProc(Proc):
     """An element's I/O thread (``Proc.io``): its jobs are fixed CPU times
     (``add``), with no wake-up cost and nothing to do at their end. What a
-    :class:`Proc` does with a ``_Fixed`` job, without the job objects: the
+    :class:`Proc` does with a ``FixedJob``, without the job objects: the
     same times, sequence numbers and counters (a simulation's events are
     the same, one for the end of each job)."""
 
@@ -298,7 +299,7 @@ class IoProc(Proc):
         super().__init__(host, name, kind, 0.0, 0.0)
 
     def add(self, cost: float) -> None:
-        """``submit(_Fixed, cost)``."""
+        """``submit(FixedJob, cost)``."""
         if not self.running:
             self.running = True
             self.wakeups += 1
@@ -326,7 +327,7 @@ class IoProc(Proc):
 
     def _run_next(self) -> None:
         cost = self.jobs.popleft()
-        # Proc._run_next with a _Fixed job: no wake-up cost (+ 0.0 is exact), not an element, no io
+        # Proc._run_next with a FixedJob: no wake-up cost (+ 0.0 is exact), not an element, no io
         self._woken = False
         host = self.host
         speed = host.speed

@@ -14,53 +14,33 @@ from .engine import Host, IoProc, Proc
 __all__ = ["Node", "Out", "items", "size"]
 
 
+#: the list fields of a header counted as its items
+ITEM_FIELDS = ("servers", "names", "elements", "entries", "fresh", "gone")
+#: bytes on the wire per entry of a list field (measured orjson sizes of typical headers; entries: pushed
+#: snapshots), on top of HEADER_BYTES
+_FIELD_BYTES = (("servers", 330), ("names", 12), ("elements", 260), ("entries", 330), ("fresh", 12), ("gone", 12))
+HEADER_BYTES = 140
+
+
 def items(h: dict) -> int:
     """Items in a header: its servers, names, elements, entries, fresh and gone."""
     get = h.get
     n = 0
-    v = get("servers")
-    if v:
-        n += len(v)
-    v = get("names")
-    if v:
-        n += len(v)
-    v = get("elements")
-    if v:
-        n += len(v)
-    v = get("entries")
-    if v:
-        n += len(v)
-    v = get("fresh")
-    if v:
-        n += len(v)
-    v = get("gone")
-    if v:
-        n += len(v)
+    for k in ITEM_FIELDS:           # a plain loop: as fast as the unrolled form (timeit)
+        v = get(k)
+        if v:
+            n += len(v)
     return n
 
 
 def size(h: dict) -> int:
-    """Bytes on the wire, roughly (measured orjson sizes of typical headers)."""
+    """Bytes on the wire, roughly."""
     get = h.get
-    n = 140
-    v = get("servers")
-    if v:
-        n += 330 * len(v)
-    v = get("names")
-    if v:
-        n += 12 * len(v)
-    v = get("elements")
-    if v:
-        n += 260 * len(v)
-    v = get("entries")            # pushed snapshots (VIEW)
-    if v:
-        n += 330 * len(v)
-    v = get("fresh")
-    if v:
-        n += 12 * len(v)
-    v = get("gone")
-    if v:
-        n += 12 * len(v)
+    n = HEADER_BYTES
+    for k, per in _FIELD_BYTES:
+        v = get(k)
+        if v:
+            n += per * len(v)
     return n
 
 

@@ -80,21 +80,14 @@ class Sim:
             # the common case (every run of gridrpc sim scale): pop first, put the one past
             # ``until`` back where it was (the keys (t, seq) are unique: the order of the pops is the same)
             while True:
-                if far and (not heap or far[0] < heap[0]):
-                    ev = pop(far)
-                    t = ev[0]
-                    if t > limit:
-                        heapq.heappush(far, ev)
-                        self.now = until
-                        break
-                elif heap:
-                    ev = pop(heap)
-                    t = ev[0]
-                    if t > limit:
-                        heapq.heappush(heap, ev)
-                        self.now = until
-                        break
-                else:
+                src = far if far and (not heap or far[0] < heap[0]) else heap
+                if not src:
+                    break
+                ev = pop(src)
+                t = ev[0]
+                if t > limit:
+                    heapq.heappush(src, ev)
+                    self.now = until
                     break
                 self.now = t
                 ev[2](*ev[3])

@@ -199,13 +199,7 @@ class Proc:
             self.running = True
             self._woken = True
             self.wakeups += 1
-            host = self.host                # host._want(self), inlined
-            if host.free > 0:
-                host.free -= 1
-                self.slice_start = self.sim.now
-                self._run_next()
-            else:
-                host.ready.append(self)
+            self.host._want(self)
 
     def add(self, cost: float) -> None:
         """A job of ``cost`` CPU seconds with nothing to do at its end (an
@@ -293,27 +287,11 @@ class IoProc(Proc):
 
     def add(self, cost: float) -> None:
         """``submit(FixedJob, cost)``."""
+        self.jobs.append(cost)
         if not self.running:
             self.running = True
             self.wakeups += 1
-            host = self.host                # host._want(self), inlined
-            if host.free > 0:               # ... and _run_next: its only job starts now
-                host.free -= 1
-                sim = self.sim
-                now = self.slice_start = sim.now
-                speed = host.speed
-                if speed != 1.0:
-                    cost /= speed
-                self.busy_time += cost
-                host.busy_time += cost
-                self.jobs_done += 1
-                t = now + cost
-                sim._seq += 1
-                heapq.heappush(sim._heap, (t if t > now else now, sim._seq, host._release, (self,)))
-                return
-            self._woken = True
-            host.ready.append(self)
-        self.jobs.append(cost)
+            self.host._want(self)
 
     def submit(self, fn: Callable, *args: Any) -> None:      # pragma: no cover - not used
         raise TypeError("an I/O thread takes fixed costs: IoProc.add(seconds)")

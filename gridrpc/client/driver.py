@@ -49,7 +49,7 @@ class Flight:
     are set per attempt) and binary frames, what its caller waits on
     (``waiter``), and the caller's ``context`` (a :class:`gridrpc.Call`)."""
 
-    __slots__ = ("machine", "header", "buffers", "context", "waiter", "timer", "outcome", "waiting_until")
+    __slots__ = ("machine", "header", "buffers", "context", "waiter", "timer", "outcome", "waiting_until", "at")
 
     def __init__(self, machine: CallMachine, header: dict, buffers: list, context: Any = None) -> None:
         self.machine, self.header, self.buffers, self.context = machine, header, buffers, context
@@ -57,6 +57,7 @@ class Flight:
         self.timer: Any = None
         self.outcome: Done | Fail | None = None
         self.waiting_until: float | None = None
+        self.at: str | None = None      # the address it is counted at (AsyncCallDriver.at_address)
 
 
 class CallDriver:
@@ -258,6 +259,10 @@ class AsyncCallDriver(CallDriver):
     is kept (a CANCEL never overtakes its CALL). A call whose batch cannot
     leave gets ``SendFailed`` then, as it would have at once. Arguments of
     64 KiB and more go alone, after what is queued for that server.
+    To a server where this client has ``LINGER_CALLS`` calls in flight
+    (``at_address``), the outbox waits up to ``LINGER_S`` for more
+    (:func:`gridrpc.core.messages.linger`): a client keeping 256 calls in
+    flight sends one batch per millisecond instead of a CALL per answer.
     ``batching=False``: every message at once, as the base driver."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[str, list], None], *,
@@ -269,6 +274,8 @@ class AsyncCallDriver(CallDriver):
         self._pings: dict[str, list[str]] = {}
         self._outbox: dict[str, list[tuple[list, Flight | None, str]]] = {}
         self._slots: dict[float, dict[Flight, None]] = {}     # timer slot -> the calls waking then
+        self.at_address: dict[str, int] = {}    # calls in flight per server address
+        self._soon = False                      # a flush of the outbox is due at this iteration's end
 
     def _send_call(self, flight: Flight, a: SendCall) -> SendFailed | None:
         if not self.batching:
@@ -289,16 +296,37 @@ class AsyncCallDriver(CallDriver):
             return super()._cancel(a)
         self._queue(a.address, [m.dumps(self._cancel_header(a))], None, a.id)
 
+    def _call_frames(self, flight: Flight, a: SendCall) -> list:
+        if flight.at != a.address:
+            if flight.at is not None:
+                _count(self.at_address, flight.at, -1)
+            flight.at = a.address
+            _count(self.at_address, a.address, 1)
+        return super()._call_frames(flight, a)
+
+    def _forget(self, flight: Flight) -> None:
+        if flight.at is not None:
+            _count(self.at_address, flight.at, -1)
+            flight.at = None
+        super()._forget(flight)
+
     def _queue(self, address: str, frames: list, flight: Flight | None, attempt: str) -> None:
-        if not self._outbox:
-            self.loop.call_soon(self.flush)
-        q = self._outbox.setdefault(address, [])
+        q = self._outbox.get(address)
+        if q is None:
+            q = self._outbox[address] = []
+            delay = m.linger(self.at_address.get(address, 0))
+            if delay > 0:
+                self.loop.call_later(delay, self._flush_address, address)
+            elif not self._soon:
+                self._soon = True
+                self.loop.call_soon(self.flush)
         q.append((frames, flight, attempt))
         if len(q) >= m.MAX_BATCH:
             self._flush_address(address)
 
     def flush(self) -> None:
         """Send everything in the outbox now (the client calls it before closing)."""
+        self._soon = False
         for address in list(self._outbox):
             self._flush_address(address)
 
@@ -373,6 +401,14 @@ class AsyncCallDriver(CallDriver):
         pings, self._pings = self._pings, {}
         for address, ids in pings.items():
             self._send_pings(address, ids)
+
+
+def _count(counts: dict, key: str, step: int) -> None:
+    n = counts.get(key, 0) + step
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
 
 
 def _dict(v: Any) -> dict | None:

@@ -164,7 +164,8 @@ class CallsMixin:
         """Queue a call (also used by back-ends: calls recovered after a restart)."""
         now = time.time() if now is None else now
         self._event(EventKind.CALL_QUEUED, call, now)
-        self._in_flight[call.user] = self._in_flight.get(call.user, 0) + 1
+        _count(self._in_flight, call.user, 1)
+        _count(self._by_owner, call.owner, 1)
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
     def _accepted(self, call: _Call, duplicate: bool = False) -> dict:
@@ -418,16 +419,16 @@ class CallsMixin:
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():
             task.cancel()                       # answered by its back-end (e.g. at shutdown): stop waiting
         frames = [m.dumps(header), *buffers]
-        delivered = bool(call.route) and not self.endpoint.closed and self.endpoint.send_frames(call.route, frames)
+        mine = self._by_owner.get(call.owner, 0)
+        # a client with many calls here gets its answers in batches (messages.linger)
+        delivered = bool(call.route) and not self.endpoint.closed and self.endpoint.linger(
+            call.route, frames, m.linger(mine))
         if call.route and not delivered:
             log.info("SeD %s: answer to %s not delivered", self.name, call.id)
         now = time.time()
         self._ended_event(call, header, now)
-        left = self._in_flight.get(call.user, 0) - 1
-        if left > 0:
-            self._in_flight[call.user] = left
-        else:
-            self._in_flight.pop(call.user, None)
+        _count(self._in_flight, call.user, -1)
+        _count(self._by_owner, call.owner, -1)
         actions = self.lifecycle.complete(call.id, frames, ok=ok, now=now)
         self.execution.finished(call, header, frames, delivered)
         call.args = call.kwargs = None          # the record may outlive the call (tasks): free the data
@@ -460,6 +461,14 @@ class CallsMixin:
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
         return t
+
+
+def _count(counts: dict, key, step: int) -> None:
+    n = counts.get(key, 0) + step
+    if n > 0:
+        counts[key] = n
+    else:
+        counts.pop(key, None)
 
 
 def _who(msg: Incoming) -> object:

@@ -147,6 +147,7 @@ class SeD(CallsMixin):
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.access = access or OPEN    # who may call what, calls in flight per user (sed/access.py)
         self._in_flight: dict[str, int] = {}
+        self._by_owner: dict[object, int] = {}     # calls queued or running per client (its owner)
         self._acks: dict[int, list] = {}     # held ACCEPTEDs by slot of ACK_SLOT s (calls.py)
         self._freed_by_cancel = False       # this read's cancels stopped running calls (calls.py)
         self._paused_calls = 0              # calls admitted since the queues were paused (calls.py)

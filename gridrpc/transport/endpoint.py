@@ -160,6 +160,8 @@ class Endpoint:
         #: clients' batches at once; a SeD pauses its queues); set before :meth:`start`
         self.around_read: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._held_route: list = []
+        self._lingering: dict[bytes, tuple[list, list]] = {}   # peer -> (route, answers waiting)
+        self._batchers: dict[bytes, None] = {}      # peers that sent a batch (the latest MAX_BATCHERS)
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> "Endpoint":
@@ -177,6 +179,7 @@ class Endpoint:
 
     def close(self) -> None:
         if self.channel is not None:
+            self._flush_lingering()
             self.channel.close()
 
     @property
@@ -193,6 +196,8 @@ class Endpoint:
             return True
         if self._held:
             self._flush_held()              # keep the order of what this peer gets
+        if self._lingering:
+            self._flush_lingering(route)
         try:
             self.channel.send([*route, head, *buffers])
         except GridRPCError as exc:
@@ -206,6 +211,8 @@ class Endpoint:
         (up to ``MAX_BATCH`` per zmq message)."""
         if self._held:
             self._flush_held()
+        if self._lingering:
+            self._flush_lingering(route)
         ok = True
         for i in range(0, len(headers), m.MAX_BATCH):
             part = [[m.dumps(h)] for h in headers[i:i + m.MAX_BATCH]]
@@ -228,6 +235,8 @@ class Endpoint:
             return True
         if self._held:
             self._flush_held()
+        if self._lingering:
+            self._flush_lingering(route)
         try:
             self.channel.send([*route, *frames])
         except GridRPCError as exc:
@@ -235,6 +244,46 @@ class Endpoint:
             return False
         self.stats.sent += 1
         return True
+
+    def linger(self, route: list, frames: list, delay: float) -> bool:
+        """Send an answer that may wait up to ``delay`` s for others to the
+        same peer (:func:`gridrpc.core.messages.linger`): they leave as one
+        batch when the first has waited ``delay``, when an envelope is full, or
+        before anything else is sent to that peer (its order is kept). Held as
+        :meth:`send_frames` holds while a batch of that peer is handled; big or
+        non-bytes frames, ``delay <= 0``, and any answer to a peer that has
+        never sent a batch (it may not read one) leave at once."""
+        if delay <= 0 or self._held is not None or not all(type(f) is bytes for f in frames) \
+                or has_big(frames[1:]) or self.closed:
+            return self.send_frames(route, frames)
+        key = _peer_key(route[0])
+        if key not in self._batchers:           # a peer that never batches never gets a batch
+            return self.send_frames(route, frames)
+        waiting = self._lingering.get(key)
+        if waiting is None:
+            waiting = self._lingering[key] = (route, [])
+            self.channel.loop.call_later(delay, self._flush_lingering, route)
+        waiting[1].append(frames)
+        self.stats.sent += 1
+        if len(waiting[1]) >= m.MAX_BATCH:
+            self._flush_lingering(route)
+        return True
+
+    def _flush_lingering(self, route: list | None = None) -> None:
+        """Send what waits for ``route``'s peer (every peer's when None)."""
+        if route is None:
+            keys = list(self._lingering)
+        else:
+            keys = [_peer_key(route[0])]
+        for key in keys:
+            waiting = self._lingering.pop(key, None)
+            if not waiting or self.closed:
+                continue
+            to, answers = waiting
+            try:
+                self.channel.send([*to, *m.packed(answers)])
+            except GridRPCError as exc:
+                log.debug("%s: could not send %d answers: %s", self.name, len(answers), exc)
 
     def _hold(self, route: list, head: bytes, buffers) -> bool:
         """Hold a small answer to the peer whose batch is being handled (it goes
@@ -293,7 +342,14 @@ class Endpoint:
         """Each message of a batch handled in order, as if it came alone; the
         answers to its sender go back together."""
         self.stats.batches += 1
-        self._held, self._held_route = [], route
+        key = _peer_key(route[0])
+        if key not in self._batchers:
+            if len(self._batchers) >= MAX_BATCHERS:
+                del self._batchers[next(iter(self._batchers))]
+            self._batchers[key] = None
+        # answers waiting for this peer (linger) go back first, with the batch's
+        waiting = self._lingering.pop(key, None) if self._lingering else None
+        self._held, self._held_route = (waiting[1] if waiting else []), route
         try:
             for part in parts:
                 self._on_frames([*route, *part], in_batch=True, auth=auth)
@@ -334,6 +390,15 @@ def _safe_id(frames: list) -> str:
         return i if m.valid_id(i) else ""
     except Exception:  # noqa: BLE001
         return ""
+
+
+#: peers remembered as sending batches (one routing id per connection; the oldest forgotten first)
+MAX_BATCHERS = 65536
+
+
+def _peer_key(frame) -> bytes:
+    """A routing frame (bytes, or the zmq Frame of a received message) as bytes."""
+    return frame.bytes if hasattr(frame, "bytes") else frame
 
 
 def _same_peer(a, b) -> bool:

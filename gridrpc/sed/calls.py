@@ -9,6 +9,7 @@ from its arrival to its answer; a repeated request id is answered from there
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import logging
 import time
@@ -315,7 +316,8 @@ class CallsMixin:
                         self.endpoint.send(a.call.route, m.make(MsgType.PONG, a.call.id, name=a.call.replica.name,
                                                                 calls={a.call.id: "running"}))
                     self._event(EventKind.CALL_STARTED, a.call, now, duration=now - a.call.received)
-                    a.call.task = asyncio.get_running_loop().create_task(self._execute(a.call))
+                    if not self.execution.start_now(a.call, functools.partial(self._ran, a.call)):
+                        a.call.task = asyncio.get_running_loop().create_task(self._execute(a.call))
             elif isinstance(a, Stop):
                 self._stop(a.call, a.reason)
             elif isinstance(a, Drop):
@@ -381,6 +383,10 @@ class CallsMixin:
             log.exception("SeD %s: back-end %s failed on call %s", self.name, self.execution.name, call.id)
             out = Outcome(ok=False, kind="internal", error=(type(exc).__name__, f"SeD {self.name} could not "
                                                             f"run the call: {exc}", traceback.format_exc()))
+        self._ran(call, out)
+
+    def _ran(self, call: _Call, out: Outcome | None) -> None:
+        """A call's run ended (``out`` None: stopped, the runtime answered it): answer it."""
         if out is None or self.calls.get(call.id) is not call or call.state is not CallState.RUNNING:
             return                      # stopped: answered by Stop
         header, buffers, ok = self._answer_of(call, out)

@@ -230,11 +230,9 @@ class WorkerPool:
 
     async def _acquire(self) -> _Worker:
         while True:
-            while self.idle:
-                w = self.idle.popleft()
-                if w.generation == self.generation and w.proc.is_alive():
-                    return w
-                self._retire(w)
+            w = self._idle_worker()
+            if w is not None:
+                return w
             if len(self.workers) < self.size:
                 return self._spawn()
             fut = self.loop.create_future()
@@ -259,20 +257,52 @@ class WorkerPool:
                 fut.set_result(None)
                 return
 
+    def start_now(self, call_id: str, service: str, args: list, kwargs: dict,
+                  done: Callable[[tuple[bool, Any] | None, BaseException | None], None]) -> bool:
+        """Hand the call to an idle worker now, without a task: ``done(result,
+        None)`` or ``done(None, WorkerGone)`` is called from the loop callback
+        that reads the worker's answer (or from :meth:`kill`). False, and
+        nothing done, when no worker is idle (then :meth:`run` waits for one).
+        When a call ends, its server starts the next from that same callback:
+        the worker gets it without the loop iterations of a task's wake-ups."""
+        w = self._idle_worker()
+        if w is None:
+            return False
+        note = _Notify(self, call_id, done)
+        failed = self._hand(w, call_id, note, (call_id, service, args, kwargs))
+        if failed is not None:               # the arguments could not be passed: nothing runs
+            note.set_result((False, failed))
+        return True
+
+    def _idle_worker(self) -> _Worker | None:
+        while self.idle:
+            w = self.idle.popleft()
+            if w.generation == self.generation and w.proc.is_alive():
+                return w
+            self._retire(w)
+        return None
+
+    def _hand(self, w: _Worker, call_id: str, fut: Any, msg: tuple) -> tuple[str, str, str] | None:
+        """Send the call to ``w``; the error when it cannot be sent (``w`` is released)."""
+        w.call_id, w.future = call_id, fut
+        self.by_call[call_id] = w
+        w.served += 1
+        try:
+            w.link.send(msg)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            self.by_call.pop(call_id, None)
+            self._release(w)
+            return (type(exc).__name__, f"cannot pass the arguments to the worker: {exc}", "")
+        return None
+
     async def run(self, call_id: str, service: str, args: list, kwargs: dict) -> tuple[bool, Any]:
         """Returns (True, value) or (False, (type, message, traceback)).
         Raises WorkerGone if the worker died or was killed."""
         w = await self._acquire()
         fut = self.loop.create_future()
-        w.call_id, w.future = call_id, fut
-        self.by_call[call_id] = w
-        w.served += 1
-        try:
-            w.link.send((call_id, service, args, kwargs))
-        except Exception as exc:
-            self.by_call.pop(call_id, None)
-            self._release(w)
-            return False, (type(exc).__name__, f"cannot pass the arguments to the worker: {exc}", "")
+        failed = self._hand(w, call_id, fut, (call_id, service, args, kwargs))
+        if failed is not None:
+            return False, failed
         try:
             return await fut
         finally:
@@ -406,6 +436,35 @@ class WorkerPool:
             if not fut.done():
                 fut.cancel()
         self.segments.close()
+
+
+class _Notify:
+    """What :meth:`WorkerPool.start_now` waits on instead of a future: the
+    few methods of one the pool uses, calling ``done`` once. A bug in
+    ``done`` is logged, never raised into the pool's callbacks."""
+    __slots__ = ("pool", "call_id", "fn", "finished")
+
+    def __init__(self, pool: WorkerPool, call_id: str, fn: Callable) -> None:
+        self.pool, self.call_id, self.fn, self.finished = pool, call_id, fn, False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, value: tuple[bool, Any]) -> None:
+        self._call(value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._call(None, exc)
+
+    def _call(self, value, exc) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.pool.by_call.pop(self.call_id, None)
+        try:
+            self.fn(value, exc)
+        except Exception:  # noqa: BLE001 - the server's bug: the pool keeps serving
+            log.exception("handling the end of call %s failed", self.call_id)
 
 
 class WorkerGone(Exception):

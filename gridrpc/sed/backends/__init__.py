@@ -105,6 +105,11 @@ class ExecutionBackend(Protocol):
     async def run(self, call: "_Call") -> Outcome | None:
         """Run the call; None if it was stopped (its answer is the runtime's)."""
 
+    def start_now(self, call: "_Call", done: Callable[["Outcome | None"], None]) -> bool:
+        """Start the call at once without a task, if the back-end can: then
+        ``done(outcome)`` is called when it ends (as :meth:`run` would
+        return). False: the runtime runs :meth:`run` in a task."""
+
     def kill(self, call: "_Call") -> bool:
         """Stop a running call (cancel, preemption). True if the back-end ends
         the run itself; False: the runtime cancels the task running it."""
@@ -183,6 +188,9 @@ class BaseBackend:
 
     def ack_fields(self, call) -> dict:
         return {}
+
+    def start_now(self, call, done) -> bool:
+        return False
 
     async def run(self, call) -> Outcome | None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -54,14 +54,17 @@ class ProcessBackend(BaseBackend):
 
     async def run(self, call) -> Outcome | None:
         try:
-            ok, value = await self.pool.run(call.id, call.service, call.args, call.kwargs)
+            result = await self.pool.run(call.id, call.service, call.args, call.kwargs)
         except WorkerGone as exc:
-            if exc.killed:
-                return None             # answered by the runtime (Stop)
-            return Outcome(ok=False, kind="worker_died", error=(
-                "WorkerDied", f"the worker process running {call.service} died (exit code "
-                f"{exc.exitcode}); the SeD is still serving", ""))
-        return _outcome(ok, value, call)
+            return _gone(exc, call)
+        return _outcome(*result, call)
+
+    def start_now(self, call, done) -> bool:
+        """An idle worker gets the call from the current loop callback (the
+        one that ended the previous call, usually): no task, no wake-up."""
+        def ended(result, exc):
+            done(_gone(exc, call) if exc is not None else _outcome(*result, call))
+        return self.pool.start_now(call.id, call.service, call.args, call.kwargs, ended)
 
     def kill(self, call) -> bool:
         return self.pool.kill(call.id)
@@ -90,6 +93,16 @@ class InlineBackend(BaseBackend):
 
     def statistics(self) -> dict:
         return {"workers": 0}
+
+
+def _gone(exc: BaseException, call) -> Outcome | None:
+    if not isinstance(exc, WorkerGone):
+        raise exc
+    if exc.killed:
+        return None                     # answered by the runtime (Stop)
+    return Outcome(ok=False, kind="worker_died", error=(
+        "WorkerDied", f"the worker process running {call.service} died (exit code "
+        f"{exc.exitcode}); the SeD is still serving", ""))
 
 
 def _outcome(ok: bool, value: Any, call) -> Outcome:

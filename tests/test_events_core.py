@@ -117,6 +117,134 @@ def test_decode_events_counts_rejects_and_caps_the_batch():
     assert decode_events({"kind": "x"}) == ([], 1)
 
 
+# -- from_dict's fast paths against the plain validation they replaced -------------------
+def _reference_from_dict(d):
+    """Event.from_dict as it was before its fast paths (name caches, inline
+    checks, _new_event): every name through its regex, the dataclass __init__.
+    The fast one must accept and reject exactly the same inputs, with the
+    same messages, and build equal events with the same field types."""
+    from gridrpc.core.event_types import (_CONTROL_RE, _KINDS, ID_RE, MAX_DETAIL, MAX_DURATION, MAX_TIME,
+                                          NAME_RE, SERVICE_RE, USER_RE, _clip)
+
+    def check(key, rx, required=False):
+        v = d.get(key)
+        if v is None and not required:
+            return None
+        if type(v) is not str or rx.fullmatch(v) is None:
+            raise InvalidEvent(f"{key} {_clip(v)} is not a valid name")
+        return v
+
+    if type(d) is not dict:
+        raise InvalidEvent("an event is a JSON object")
+    if len(d) > 32:
+        raise InvalidEvent("too many keys")
+    kind = _KINDS.get(d.get("kind")) if type(d.get("kind")) is str else None
+    if kind is None:
+        raise InvalidEvent(f"unknown kind {_clip(d.get('kind'))}")
+    t = d.get("time")
+    if type(t) not in (int, float) or not (0 <= t < MAX_TIME):
+        raise InvalidEvent("time must be a finite unix time")
+    element = check("element", NAME_RE, required=True)
+    dur = d.get("duration")
+    if dur is not None and (type(dur) not in (int, float) or not (0 <= dur <= MAX_DURATION)):
+        raise InvalidEvent("duration must be a finite number of seconds >= 0")
+    opt = d.get("optional", False)
+    if type(opt) is not bool:
+        raise InvalidEvent("optional must be a boolean")
+    detail = d.get("detail")
+    if detail is not None and (type(detail) is not str or len(detail) > MAX_DETAIL or _CONTROL_RE.search(detail)):
+        raise InvalidEvent(f"detail must be printable text of at most {MAX_DETAIL} characters")
+    return Event(kind=kind, time=float(t), element=element, id=check("id", ID_RE),
+                 user=check("user", USER_RE), service=check("service", SERVICE_RE),
+                 server=check("server", NAME_RE), duration=None if dur is None else float(dur),
+                 optional=opt, detail=detail)
+
+
+class _Str(str):
+    pass
+
+
+NEAR_NAMES = st.sampled_from(["sed-1", "sed-1-1", "bench", "add", "alice", "a:b", "a@b", "a+b", "a#b", "a=b",
+                              "_x", "-x", ".x", "x" * 64, "x" * 65, "x" * 128, "x" * 129, "", "a b", "\u00e9",
+                              "<b>", "a\n", "../x", "c-3f2a91-17", "\u202eevil"])
+ANY = (st.none() | st.booleans() | st.integers(-2, 10**12) | st.floats() | NEAR_NAMES | st.text(max_size=8)
+       | st.lists(st.integers(), max_size=2) | st.builds(_Str, NEAR_NAMES))
+
+
+def _mostly(good, bad=ANY):
+    """``good`` about 6 times in 7, else anything."""
+    return st.sampled_from([True] * 6 + [False]).flatmap(lambda ok: good if ok else bad)
+
+
+@st.composite
+def near_valid_dicts(draw):
+    d = {"kind": draw(_mostly(st.sampled_from([k.value for k in EventKind]))),
+         "time": draw(_mostly(st.floats(0, 2e9) | st.integers(0, 10**11) | st.sampled_from([1e11, -0.0]))),
+         "element": draw(_mostly(NEAR_NAMES))}
+    for key in ("id", "user", "service", "server"):
+        if draw(st.booleans()):
+            d[key] = draw(_mostly(NEAR_NAMES))
+    if draw(st.booleans()):
+        d["duration"] = draw(_mostly(st.floats(0, 1e7) | st.integers(0, 10**7) | st.just(1e7 + 1)))
+    if draw(st.booleans()):
+        d["optional"] = draw(_mostly(st.booleans()))
+    if draw(st.booleans()):
+        d["detail"] = draw(_mostly(st.text(max_size=12) | st.sampled_from(["x" * 400, "x" * 401])))
+    if draw(st.sampled_from([False] * 20 + [True])):
+        d.update({str(i): i for i in range(33 - len(d) + draw(st.sampled_from([-1, 0, 1])))})
+    return d
+
+
+def _outcome(from_dict, d):
+    try:
+        ev = from_dict(d)
+    except InvalidEvent as exc:
+        return "rejected", str(exc)
+    return "accepted", ev, [type(getattr(ev, f)) for f in ev.__slots__]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(near_valid_dicts() | ANY, max_size=4))
+def test_from_dict_accepts_and_rejects_exactly_as_the_plain_validation(batch):
+    for d in batch:
+        want = _outcome(_reference_from_dict, d)
+        for _ in range(2):                  # the second time, the names it accepted are cached
+            assert _outcome(Event.from_dict, d) == want
+    accepted = [r[1] for r in (_outcome(_reference_from_dict, d) for d in batch) if r[0] == "accepted"]
+    assert decode_events(batch) == (accepted, len(batch) - len(accepted))
+
+
+def test_a_cached_name_does_not_let_a_non_str_through():
+    good = Event.from_dict(GOOD)
+    assert good.element == "sed-1"                          # now cached
+    for key in ("element", "user", "service", "server"):
+        with pytest.raises(InvalidEvent, match=f"^{key} 'sed-1' is not a valid name"):
+            Event.from_dict(dict(GOOD, **{key: _Str("sed-1")}))
+    with pytest.raises(InvalidEvent, match="^user 'sed 1' is not a valid name"):
+        Event.from_dict(dict(GOOD, user="sed 1"))
+
+
+def test_fast_built_events_are_ordinary_frozen_events():
+    import copy
+    import dataclasses
+    import pickle
+    plain = Event(K.CALL_FINISHED, 1700000000.0, "sed-1", id="abc:1", user="alice", service="add",
+                  server="sed-1", duration=0.5, detail="ok")
+    for ev in (Event.from_dict(GOOD), make_event(K.CALL_FINISHED, 1700000000.0, "sed-1", id="abc:1", user="alice",
+                                                 service="add", server="sed-1", duration=0.5, detail="ok")):
+        assert type(ev) is Event and isinstance(ev, Event)
+        assert ev == plain and hash(ev) == hash(plain) and repr(ev) == repr(plain) and len({ev, plain}) == 1
+        assert pickle.loads(pickle.dumps(ev)) == ev and copy.copy(ev) == ev and copy.deepcopy(ev) == ev
+        assert dataclasses.asdict(ev) == dataclasses.asdict(plain)
+        assert dataclasses.replace(ev, id="other") == dataclasses.replace(plain, id="other")
+        assert ev.to_dict() == plain.to_dict() == GOOD
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            ev.id = "changed"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            del ev.user
+        assert not hasattr(ev, "__dict__")
+
+
 def test_outbox_drops_the_oldest_and_counts():
     ob = EventOutbox(capacity=3)
     for i in range(5):

@@ -40,6 +40,12 @@ class _Bucket:
 
 OTHER = "(other)"     # label for services/users beyond the cardinality caps
 
+_KIND_NAME = {k: k.value for k in EventKind}
+_QUEUED, _STARTED, _FINISHED = EventKind.CALL_QUEUED, EventKind.CALL_STARTED, EventKind.CALL_FINISHED
+_DISCOVERIES = frozenset({EventKind.DISCOVERY_ANSWERED, EventKind.DISCOVERY_FAILED})
+_AGGREGATED = _CALL_KINDS | _DISCOVERIES                 # the kinds _aggregate counts
+_ERROR_OUTCOMES = frozenset({EventKind.CALL_FAILED, EventKind.CALL_KILLED})
+
 
 class EventLog:
     """The MA's memory of events, bounded in every direction.
@@ -84,33 +90,47 @@ class EventLog:
         self._users: set[str] = set()
 
     # -- writing -----------------------------------------------------------
+    # append and _aggregate run for every event of the tree (on the MA): the
+    # kinds they test are module constants (an EventKind.X lookup costs ~80 ns,
+    # k.value ~120 ns), and the usual cases (the current bucket, a known
+    # service or user) are tested inline before calling the general code.
     def append(self, ev: Event, now: float) -> int:
         """Record one event; returns its sequence number. O(1)."""
         self.seq = seq = self.seq + 1
         item = (seq, ev)
         self._ring.append(item)
         k = ev.kind
-        self.events_total[k.value] = self.events_total.get(k.value, 0) + 1
-        if ev.id is not None:
-            st = self._stories.get(ev.id)
+        name = _KIND_NAME[k]
+        totals = self.events_total
+        totals[name] = totals.get(name, 0) + 1
+        rid = ev.id
+        if rid is not None:
+            stories = self._stories
+            st = stories.get(rid)
             if st is None:
-                if len(self._stories) >= self.max_stories:
-                    self._stories.popitem(last=False)
-                self._stories[ev.id] = [item]
+                if len(stories) >= self.max_stories:
+                    stories.popitem(last=False)
+                stories[rid] = [item]
             elif len(st) < self.story_len:
                 st.append(item)
             else:
                 st[-1] = item
         if k in ERROR_KINDS:
             self.errors.append(item)
-        b = self._bucket_at(now)
+        bs = self._buckets
+        if bs and int(now // self.bucket) <= bs[-1].index:    # late or same bucket: the newest one
+            b = bs[-1]
+        else:
+            b = self._bucket_at(now)
         b.events += 1
-        if k in _CALL_KINDS or k is EventKind.DISCOVERY_ANSWERED or k is EventKind.DISCOVERY_FAILED:
+        if k in _AGGREGATED:
             self._aggregate(b, ev, k)
         return seq
 
     def _aggregate(self, b: _Bucket, ev: Event, k: EventKind) -> None:
-        svc_name = self._cap(ev.service or "?", self._services, self.max_services)
+        svc_name = ev.service or "?"
+        if svc_name not in self._services:
+            svc_name = self._cap(svc_name, self._services, self.max_services)
         s = b.services.get(svc_name)
         if s is None:
             s = b.services[svc_name] = _Svc()
@@ -118,18 +138,21 @@ class EventLog:
         if c is None:
             c = self.cumulative[svc_name] = _Svc()
         d = ev.duration
-        if k is EventKind.DISCOVERY_ANSWERED or k is EventKind.DISCOVERY_FAILED:
+        if k in _DISCOVERIES:
             for x in (s, c):
                 x.disc_n += 1
                 x.disc_sum += d or 0.0
             return                            # a discovery is not a call: users untouched
-        user = self._cap(ev.user or "anonymous", self._users, self.max_users)
+        user = ev.user or "anonymous"
+        if user not in self._users:
+            user = self._cap(user, self._users, self.max_users)
         u = b.users.get(user)                 # any call event makes its user active in the window
         if u is None:
             u = b.users[user] = [0, 0.0]
-        if k is EventKind.CALL_QUEUED:
-            self.user_total[(user, "queued")] = self.user_total.get((user, "queued"), 0) + 1
-        elif k is EventKind.CALL_STARTED:
+        if k is _QUEUED:
+            key = (user, "queued")
+            self.user_total[key] = self.user_total.get(key, 0) + 1
+        elif k is _STARTED:
             if d is not None:
                 for x in (s, c):
                     x.wait_n += 1
@@ -145,7 +168,7 @@ class EventLog:
             u[0] += 1
             if d is not None:
                 u[1] += d
-            if k is EventKind.CALL_FINISHED:
+            if k is _FINISHED:
                 s.ok += 1
                 c.ok += 1
                 if d is not None:             # run time known: mean, max, histogram
@@ -156,7 +179,7 @@ class EventLog:
                         if d > x.run_max:
                             x.run_max = d
                         x.hist[i] += 1
-            elif k is EventKind.CALL_FAILED or k is EventKind.CALL_KILLED:
+            elif k in _ERROR_OUTCOMES:
                 s.err += 1
                 c.err += 1
             else:                             # cancelled, preempted: ended, not an error

@@ -118,32 +118,89 @@ class Event:
     @classmethod
     def from_dict(cls, d: Any) -> "Event":
         """Validate every field of an event that came from elsewhere. Unknown
-        keys are ignored (a newer peer may send more); ``seq`` is ignored."""
+        keys are ignored (a newer peer may send more); ``seq`` is ignored.
+
+        The MA runs this for every event of the tree: the names seen before
+        (element, user, service, server) are checked by one set lookup each
+        (:data:`_VALID`, filled by :func:`_check` after a regex match; any
+        other value goes through :func:`_check`), and the event is built by
+        :func:`_new_event`, not the slower ``__init__``."""
         if type(d) is not dict:
             raise InvalidEvent("an event is a JSON object")
         if len(d) > 32:
             raise InvalidEvent("too many keys")
-        kind = _KINDS.get(d.get("kind")) if type(d.get("kind")) is str else None
+        get = d.get
+        kind = get("kind")
+        kind = _KINDS.get(kind) if type(kind) is str else None
         if kind is None:
             raise InvalidEvent(f"unknown kind {_clip(d.get('kind'))}")
-        t = d.get("time")
+        t = get("time")
         if type(t) not in (int, float) or not (0 <= t < MAX_TIME):       # NaN fails too
             raise InvalidEvent("time must be a finite unix time")
-        element = _check(d, "element", NAME_RE, required=True)
-        dur = d.get("duration")
+        element = get("element")
+        if type(element) is not str or element not in _VALID_NAMES:
+            element = _check(d, "element", NAME_RE, required=True)
+        dur = get("duration")
         if dur is not None and (type(dur) not in (int, float) or not (0 <= dur <= MAX_DURATION)):
             raise InvalidEvent("duration must be a finite number of seconds >= 0")
-        opt = d.get("optional", False)
+        opt = get("optional", False)
         if type(opt) is not bool:
             raise InvalidEvent("optional must be a boolean")
-        detail = d.get("detail")
+        detail = get("detail")
         if detail is not None and (type(detail) is not str or len(detail) > MAX_DETAIL
                                    or _CONTROL_RE.search(detail)):
             raise InvalidEvent(f"detail must be printable text of at most {MAX_DETAIL} characters")
-        return cls(kind=kind, time=float(t), element=element, id=_check(d, "id", ID_RE),
-                   user=_check(d, "user", USER_RE), service=_check(d, "service", SERVICE_RE),
-                   server=_check(d, "server", NAME_RE),
-                   duration=None if dur is None else float(dur), optional=opt, detail=detail)
+        rid = get("id")
+        if rid is not None and (type(rid) is not str or _match_id(rid) is None):
+            rid = _check(d, "id", ID_RE)     # raises InvalidEvent (ids are not cached: they do not repeat)
+        user = get("user")
+        if user is not None and (type(user) is not str or user not in _VALID_USERS):
+            user = _check(d, "user", USER_RE)
+        service = get("service")
+        if service is not None and (type(service) is not str or service not in _VALID_SERVICES):
+            service = _check(d, "service", SERVICE_RE)
+        server = get("server")
+        if server is not None and (type(server) is not str or server not in _VALID_NAMES):
+            server = _check(d, "server", NAME_RE)
+        t, dur = float(t), None if dur is None else float(dur)
+        if cls is not Event:                 # a subclass: its own constructor
+            return cls(kind=kind, time=t, element=element, id=rid, user=user, service=service,
+                       server=server, duration=dur, optional=opt, detail=detail)
+        return _new_event(kind, t, element, rid, user, service, server, dur, opt, detail)
+
+
+class _EventSlots:
+    """:class:`Event`'s slots without the frozen dataclass around them: see
+    :func:`_new_event`."""
+    __slots__ = Event.__slots__
+
+
+_new_object = object.__new__
+
+
+def _new_event(kind: EventKind, time: float, element: str, id: str | None, user: str | None,
+               service: str | None, server: str | None, duration: float | None, optional: bool,
+               detail: str | None) -> Event:
+    """``Event(kind, time, ...)``, several times faster: the frozen dataclass
+    ``__init__`` stores each field with ``object.__setattr__`` (~1 us per
+    event, the largest cost of :meth:`Event.from_dict`). This fills an
+    unfrozen twin with the same slots, then makes it an :class:`Event` by
+    setting its ``__class__`` (Python allows it between classes with the same
+    slots). The result is an ordinary Event: same type, equality, hash, repr,
+    pickling, and frozen like any other (tests/test_events_core.py checks)."""
+    e = _new_object(_EventSlots)
+    e.kind = kind
+    e.time = time
+    e.element = element
+    e.id = id
+    e.user = user
+    e.service = service
+    e.server = server
+    e.duration = duration
+    e.optional = optional
+    e.detail = detail
+    e.__class__ = Event
+    return e
 
 
 def _clip(v: Any) -> str:
@@ -154,6 +211,8 @@ def _clip(v: Any) -> str:
 #: regex runs once per distinct name (bounded: cleared when full)
 _VALID: dict[re.Pattern, set[str]] = {ID_RE: set(), NAME_RE: set(), USER_RE: set(), SERVICE_RE: set()}
 _VALID_MAX = 4096
+_VALID_NAMES, _VALID_USERS, _VALID_SERVICES = _VALID[NAME_RE], _VALID[USER_RE], _VALID[SERVICE_RE]
+_match_id = ID_RE.fullmatch
 
 
 def _check(d: dict, key: str, rx: re.Pattern, required: bool = False) -> str | None:
@@ -206,12 +265,11 @@ def make_event(kind: EventKind, time: float, element: str, *, id: str | None = N
             detail = _CONTROL_RE.sub(" ", detail[:MAX_DETAIL * 2])[:MAX_DETAIL]
     if duration is not None and not (0 <= duration <= MAX_DURATION):
         duration = None
-    return Event(kind=kind, time=time, element=_sanitise(element, NAME_RE, _BAD_NAME_CHARS, 64, "x"),
-                 id=id, user=_sanitise(user, USER_RE, _BAD_USER_CHARS, 64),
-                 service=_sanitise(service, SERVICE_RE, _BAD_SERVICE_CHARS, 128),
-                 server=_sanitise(server, NAME_RE, _BAD_NAME_CHARS, 64, "x"),
-                 duration=None if duration is None else float(duration), optional=bool(optional),
-                 detail=detail)
+    return _new_event(kind, time, _sanitise(element, NAME_RE, _BAD_NAME_CHARS, 64, "x"), id,
+                      _sanitise(user, USER_RE, _BAD_USER_CHARS, 64),
+                      _sanitise(service, SERVICE_RE, _BAD_SERVICE_CHARS, 128),
+                      _sanitise(server, NAME_RE, _BAD_NAME_CHARS, 64, "x"),
+                      None if duration is None else float(duration), bool(optional), detail)
 
 
 def decode_events(items: Any, *, max_events: int = 1000) -> tuple[list[Event], int]:
@@ -220,9 +278,10 @@ def decode_events(items: Any, *, max_events: int = 1000) -> tuple[list[Event], i
     if type(items) is not list:
         return [], 1
     out, bad = [], max(0, len(items) - max_events)
+    from_dict, keep = Event.from_dict, out.append
     for d in items[:max_events]:
         try:
-            out.append(Event.from_dict(d))
+            keep(from_dict(d))
         except InvalidEvent:
             bad += 1
     return out, bad

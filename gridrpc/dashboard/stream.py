@@ -112,9 +112,15 @@ class EventHub:
     def emit_many(self, events, *, rejected: int = 0, lost: int = 0, origin: str | None = None) -> None:
         """Events forwarded by a child, already validated
         (:func:`~gridrpc.core.events.decode_events`), with the counts of the
-        invalid ones and of those its outbox dropped."""
+        invalid ones and of those its outbox dropped. Each event is handled
+        as by :meth:`emit` (the same code, without a call per event)."""
+        append, clock, subscribers, writer = self.log.append, self.clock, self.subscribers, self.writer
         for e in events:
-            self.emit(e)
+            seq = append(e, clock())
+            for s in subscribers:
+                s.offer(seq, e)
+            if writer is not None:
+                writer.offer(seq, e)
         self.rejected += rejected
         if lost and origin:
             self.lost_upstream[origin] = self.lost_upstream.get(origin, 0) + lost

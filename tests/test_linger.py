@@ -144,6 +144,14 @@ def _endpoint_and_peer(handler_of):
     return s, stop
 
 
+def _pong(msg) -> list:
+    return [m.dumps(m.make(MsgType.PONG, msg.id, name="x"))]
+
+
+def _ping(s, pid: str) -> None:
+    s.send_multipart([m.dumps(m.make(MsgType.PING, pid, ids=[]))])
+
+
 def _batch_hello(s) -> None:
     """The raw peer sends a batch first (a peer that never batches never gets one) and reads its answer."""
     s.send_multipart(m.batch([[m.dumps(m.make(MsgType.PING, f"h{i}", ids=[]))] for i in range(2)]))
@@ -164,16 +172,16 @@ def test_lingering_answers_leave_together_and_before_anything_else_to_that_peer(
             if msg.id == "now":          # something sent at once: what lingered for this peer goes first
                 ep.send(msg.route, m.make(MsgType.PONG, "now", name="x"))
                 return
-            ep.linger(msg.route, [m.dumps(m.make(MsgType.PONG, msg.id, name="x"))], 30.0)
+            ep.linger(msg.route, _pong(msg), 30.0)
         return on_ping
     s, stop = _endpoint_and_peer(handler_of)
     try:
         _batch_hello(s)
         for i in range(3):
-            s.send_multipart([m.dumps(m.make(MsgType.PING, f"a{i}", ids=[]))])
+            _ping(s, f"a{i}")
         time.sleep(0.3)
         assert not s.poll(200), "an answer lingering for 30 s left early"
-        s.send_multipart([m.dumps(m.make(MsgType.PING, "now", ids=[]))])
+        _ping(s, "now")
         got = []
         while s.poll(5000):
             got.append(_ids(s.recv_multipart()))
@@ -186,12 +194,12 @@ def test_lingering_answers_leave_together_and_before_anything_else_to_that_peer(
 
 def test_a_lingering_answer_leaves_after_its_delay():
     def handler_of(ep):
-        return lambda msg: ep.linger(msg.route, [m.dumps(m.make(MsgType.PONG, msg.id, name="x"))], 0.05)
+        return lambda msg: ep.linger(msg.route, _pong(msg), 0.05)
     s, stop = _endpoint_and_peer(handler_of)
     try:
         _batch_hello(s)
         t0 = time.monotonic()
-        s.send_multipart([m.dumps(m.make(MsgType.PING, "p", ids=[]))])
+        _ping(s, "p")
         assert s.poll(5000)
         assert _ids(s.recv_multipart()) == ["p"]
         assert time.monotonic() - t0 >= 0.04
@@ -205,7 +213,7 @@ def test_an_answer_lingering_at_close_is_sent_not_lost():
     def handler_of(ep):
 
         def on_ping(msg):
-            ep.linger(msg.route, [m.dumps(m.make(MsgType.PONG, msg.id, name="x"))], 60.0)
+            ep.linger(msg.route, _pong(msg), 60.0)
             if msg.id != "last":
                 return
             real = ep.channel.send
@@ -219,7 +227,7 @@ def test_an_answer_lingering_at_close_is_sent_not_lost():
     s, stop = _endpoint_and_peer(handler_of)
     try:
         _batch_hello(s)
-        s.send_multipart([m.dumps(m.make(MsgType.PING, "last", ids=[]))])
+        _ping(s, "last")
         deadline = time.monotonic() + 5
         while not sent and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -230,11 +238,11 @@ def test_an_answer_lingering_at_close_is_sent_not_lost():
 
 def test_a_peer_that_never_batched_gets_every_answer_at_once():
     def handler_of(ep):
-        return lambda msg: ep.linger(msg.route, [m.dumps(m.make(MsgType.PONG, msg.id, name="x"))], 30.0)
+        return lambda msg: ep.linger(msg.route, _pong(msg), 30.0)
     s, stop = _endpoint_and_peer(handler_of)
     try:
         for i in range(3):
-            s.send_multipart([m.dumps(m.make(MsgType.PING, f"p{i}", ids=[]))])
+            _ping(s, f"p{i}")
         got = []
         while len(got) < 3 and s.poll(5000):
             got.append(_ids(s.recv_multipart()))

@@ -152,6 +152,11 @@ def _ping(s, pid: str) -> None:
     s.send_multipart([m.dumps(m.make(MsgType.PING, pid, ids=[]))])
 
 
+def _lingering(delay: float):
+    """A PING handler answering each PING by a PONG lingering ``delay`` s."""
+    return lambda ep: (lambda msg: ep.linger(msg.route, _pong(msg), delay))
+
+
 def _batch_hello(s) -> None:
     """The raw peer sends a batch first (a peer that never batches never gets one) and reads its answer."""
     s.send_multipart(m.batch([[m.dumps(m.make(MsgType.PING, f"h{i}", ids=[]))] for i in range(2)]))
@@ -193,9 +198,7 @@ def test_lingering_answers_leave_together_and_before_anything_else_to_that_peer(
 
 
 def test_a_lingering_answer_leaves_after_its_delay():
-    def handler_of(ep):
-        return lambda msg: ep.linger(msg.route, _pong(msg), 0.05)
-    s, stop = _endpoint_and_peer(handler_of)
+    s, stop = _endpoint_and_peer(_lingering(0.05))
     try:
         _batch_hello(s)
         t0 = time.monotonic()
@@ -237,9 +240,7 @@ def test_an_answer_lingering_at_close_is_sent_not_lost():
 
 
 def test_a_peer_that_never_batched_gets_every_answer_at_once():
-    def handler_of(ep):
-        return lambda msg: ep.linger(msg.route, _pong(msg), 30.0)
-    s, stop = _endpoint_and_peer(handler_of)
+    s, stop = _endpoint_and_peer(_lingering(30.0))
     try:
         for i in range(3):
             _ping(s, f"p{i}")

@@ -59,6 +59,7 @@ def stop_spy(p: subprocess.Popen) -> None:
 
 
 IDLE_LEAVES = ("EpollSelector.select (selectors.py)", "Connection._recv (multiprocessing/connection.py)",
+               "_read (gridrpc/sed/worker_link.py)",      # a worker waiting for its next call (its pipe read)
                "select (selectors.py)", "poll (selectors.py)")
 
 

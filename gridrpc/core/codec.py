@@ -35,6 +35,8 @@ except ImportError:  # pragma: no cover
     np = None  # type: ignore[assignment]
 
 _INT_MAX = (1 << 63) - 1
+#: the JSON scalars: :func:`decode` gives each back as itself
+_PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +139,18 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
     if the buffer is). An array's shape and dtype must fill its buffer exactly."""
     t = type(tree)
     if t is list:
-        return [decode(v, buffers, file_writer, copy) for v in tree]
+        for v in tree:
+            if type(v) not in _PLAIN:
+                return [decode(v, buffers, file_writer, copy) for v in tree]
+        return list(tree)           # scalars only (the usual arguments): each decodes to itself
     if t is not dict:
         return tree
     tag = tree.get("__t")
     if tag is None:
-        return {k: decode(v, buffers, file_writer, copy) for k, v in tree.items()}
+        for v in tree.values():
+            if type(v) not in _PLAIN:
+                return {k: decode(v, buffers, file_writer, copy) for k, v in tree.items()}
+        return dict(tree)
     try:
         if tag == "f":
             return float(tree["v"])

@@ -92,8 +92,12 @@ if set(_fields.BY_TYPE) != set(_BY_VALUE):           # pragma: no cover - caught
     raise ImportError("a message type without its field table")
 
 
+#: each type's wire name (an enum's ``.value`` is a property: slower than a dict on the hot path)
+VALUE: dict[MsgType, str] = {mt: mt.value for mt in MsgType}
+
+
 def make(type_: MsgType, id_: str, **fields: Any) -> dict:
-    h = {"v": PROTOCOL_VERSION, "type": type_.value, "id": id_}
+    h = {"v": PROTOCOL_VERSION, "type": VALUE[type_], "id": id_}
     h.update(fields)
     return h
 

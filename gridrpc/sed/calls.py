@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .server import Replica
 
 log = logging.getLogger("gridrpc.sed.server")
+_RESULT = MsgType.RESULT.value
 
 #: after a read of the socket whose cancels freed running slots, the next calls start this
 #: much later (cancels of users sent together reach the SeD in several reads)
@@ -75,7 +76,9 @@ class CallsMixin:
     def _on_call(self, msg: Incoming) -> None:
         h, route, buffers = msg.header, msg.route, msg.buffers
         cid = h["id"]
-        who = _who(msg)
+        uid = msg.user                  # one look at the frame's User-Id: who and user come from it
+        who = uid or msg.peer           # as _who(msg)
+        user = _user_of(uid, h)         # as _user(msg)
         if not self.lifecycle.owned_by(cid, who):
             return self._reject(route, cid, "refused", f"call id {cid} belongs to another client of "
                                 f"SeD {self.name} (a call is answered, cancelled or pinged only by its owner)")
@@ -90,7 +93,7 @@ class CallsMixin:
                 live.orphaned = False
             self._answer_duplicate(route, dup)
             return
-        size = sum(len(b) for b in buffers)
+        size = sum(len(b) for b in buffers) if buffers else 0
         if size > self.max_message_size:
             return self._reject(route, cid, "too_large", f"call of {size} bytes exceeds this SeD's "
                                 f"max_message_size of {self.max_message_size} bytes")
@@ -103,14 +106,14 @@ class CallsMixin:
         svc = self.services.get(h["service"])
         if svc is None:
             return self._reject(route, cid, "service_not_found", f"SeD {r.name} does not offer {h['service']!r}")
-        refusal = self.access.check(svc.name, _user(msg), self._in_flight)
+        refusal = self.access.check(svc.name, user, self._in_flight)
         if refusal is not None:
             return self._reject(route, cid, "refused", f"SeD {r.name}: {refusal}")
         if h.get("start_now") is True and not self._can_start_now(r):
             # the client's view saw this server free and has other candidates: never queue here
             self.stats["busy"] += 1
             err = m.error_header(cid, "busy", f"SeD {r.name} has no free slot for {svc.name} now", type_="Busy")
-            err["error"]["est_wait"] = self.execution.estimate(r, svc, _user(msg), time.time()).get("est_wait", 0.0)
+            err["error"]["est_wait"] = self.execution.estimate(r, svc, user, time.time()).get("est_wait", 0.0)
             return self.endpoint.send(route, err)
         ex = self.execution
         workdir = ex.new_workdir()
@@ -127,7 +130,7 @@ class CallsMixin:
             kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
             return self._reject(route, cid, kind, str(exc), type_=type(exc).__name__)
         now = time.time()
-        call = _Call(id=cid, sed=r.name, service=svc.name, user=_user(msg), owner=who,
+        call = _Call(id=cid, sed=r.name, service=svc.name, user=user, owner=who,
                      optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
                      args=args, kwargs=kwargs, options=options, workdir=workdir, last_contact=now)
         self.stats["calls"] += 1
@@ -371,7 +374,9 @@ class CallsMixin:
 
     def timing(self, call: _Call) -> dict:
         t = {"received": call.received, "started": call.started, "ended": time.time()}
-        t.update(self.execution.timing(call))
+        more = self.execution.timing(call)
+        if more:
+            t.update(more)
         return {"server": call.replica.name, "timing": t}
 
     async def _execute(self, call: _Call) -> None:
@@ -449,7 +454,7 @@ class CallsMixin:
 
     def _ended_event(self, call: _Call, header: dict, now: float) -> None:
         ran = None if call.started is None else now - call.started
-        if header.get("type") == MsgType.RESULT.value:
+        if header.get("type") == _RESULT:
             return self._event(EventKind.CALL_FINISHED, call, now, duration=ran)
         err = header.get("error") if isinstance(header.get("error"), dict) else {}
         kind, detail = err.get("kind"), f"{err.get('type', '')}: {err.get('message', '')}"
@@ -487,8 +492,11 @@ def _user(msg: Incoming) -> str:
     key's user under security, never the header's; an element key (a cloud
     SeD relaying a call) speaks for the user it names. Without security the
     header says (unauthenticated)."""
-    uid = msg.user
-    header_user = msg.header.get("user")
+    return _user_of(msg.user, msg.header)
+
+
+def _user_of(uid: str | None, header: dict) -> str:
+    """:func:`_user` from the message's authenticated identity and header."""
     if uid is not None and uid.startswith("user:"):
         return uid[5:]
-    return str(header_user or "anonymous")
+    return str(header.get("user") or "anonymous")

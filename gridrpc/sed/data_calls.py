@@ -23,6 +23,8 @@ from ..core.refs import RefTag, find_refs, substitute
 from ..errors import DataAccessDenied, DataError, DataLost
 from .data_bytes import _nbytes
 
+_RESULT = MsgType.RESULT.value
+
 __all__ = ["CallData"]
 
 
@@ -112,7 +114,7 @@ class CallData:
     def answering(self, call, header: dict, buffers, ok: bool) -> tuple[dict, list, bool]:
         """A call ends: release its inputs, keep its result, wake its waiters."""
         self._unpin(self.pins.pop(call.id, []))
-        is_result = header.get("type") == MsgType.RESULT.value
+        is_result = header.get("type") == _RESULT
         waiters = self.call_waiters.pop(call.id, [])
         if waiters:
             for fut in waiters:

@@ -26,6 +26,7 @@ import collections
 import os
 import pickle
 import socket
+import struct
 from typing import Callable
 
 import numpy as np
@@ -71,6 +72,10 @@ class Link:
         bufs: list = []
         head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
         del obj
+        if not bufs:                # no out-of-band buffer (small arguments, a scalar result)
+            ctl = {"new": [], "released": self._drain_released(), "dropped": self._dropped()}
+            _send_msg(self.conn, pickle.dumps((head, [], ctl), protocol=5))
+            return
         raws = [b.raw() for b in bufs]
         del bufs
         plan, pipe, new, fds, lent = [], [], [], [], []
@@ -92,7 +97,7 @@ class Link:
         for sid in lent:
             self.lent[sid] += 1
         ctl = {"new": new, "released": self._drain_released(), "dropped": self._dropped()}
-        self.conn.send_bytes(pickle.dumps((head, plan, ctl), protocol=5))
+        _send_msg(self.conn, pickle.dumps((head, plan, ctl), protocol=5))
         for r in pipe:
             self.conn.send_bytes(r)
         if fds:
@@ -124,13 +129,15 @@ class Link:
         return out
 
     def _dropped(self) -> list[int]:
+        if not self.known:
+            return []
         gone = [sid for sid in self.known if not self.own.live(sid)]
         self.known.difference_update(gone)
         return gone
 
     # -- receiving ---------------------------------------------------------
     def recv(self):
-        head, plan, ctl = pickle.loads(self.conn.recv_bytes())
+        head, plan, ctl = pickle.loads(_recv_msg(self.conn))
         if not isinstance(plan, list) or not isinstance(ctl, dict):
             raise ShmError("malformed message from the other side of the worker pipe")
         pipe = {}
@@ -203,6 +210,54 @@ class Link:
                 c.close()
             except OSError:
                 pass
+
+
+#: the framing of ``multiprocessing.connection.Connection.send_bytes``/``recv_bytes`` (a 4-byte
+#: big-endian length, then the bytes), without their per-call checks and ``io.BytesIO``: the two
+#: ends of the pipe are ours and a message a call; big ones still go through the connection
+_LEN = struct.Struct("!i")
+_SMALL = 16384          # Connection sends longer messages in two writes: so does it here
+
+
+def _send_msg(conn, data: bytes) -> None:
+    """``conn.send_bytes(data)``, the same bytes on the pipe."""
+    n = len(data)
+    if n > _SMALL:
+        conn.send_bytes(data)
+        return
+    fd = conn.fileno()                  # OSError when closed, as send_bytes
+    buf = _LEN.pack(n) + data
+    while True:
+        k = os.write(fd, buf)
+        if k == len(buf):
+            return
+        buf = buf[k:]
+
+
+def _read(fd: int, size: int) -> bytes:
+    """Exactly ``size`` bytes (EOFError at once, OSError in the middle: as Connection)."""
+    data = os.read(fd, size) if size > 0 else b""
+    if len(data) == size:
+        return data
+    if not data:
+        raise EOFError
+    parts, remaining = [data], size - len(data)
+    while remaining > 0:
+        chunk = os.read(fd, remaining)
+        if not chunk:
+            raise OSError("got end of file during message")
+        parts.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(parts)
+
+
+def _recv_msg(conn) -> bytes:
+    """``conn.recv_bytes()``, reading the same bytes off the pipe."""
+    fd = conn.fileno()                  # OSError when closed, as recv_bytes
+    size, = _LEN.unpack(_read(fd, 4))
+    if size == -1:
+        size, = struct.unpack("!Q", _read(fd, 8))
+    return _read(fd, size)
 
 
 def _ids(ctl: dict, key: str) -> list[int]:

@@ -277,7 +277,8 @@ class WorkerPool:
     def _idle_worker(self) -> _Worker | None:
         while self.idle:
             w = self.idle.popleft()
-            if w.generation == self.generation and w.proc.is_alive():
+            # alive: what is_alive() asks (one waitpid), without its getpid() check: a syscall per call
+            if w.generation == self.generation and w.proc.exitcode is None:
                 return w
             self._retire(w)
         return None

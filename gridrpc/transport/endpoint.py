@@ -359,7 +359,8 @@ class Endpoint:
 
     def dispatch(self, msg: Incoming) -> None:
         bt = self.stats.by_type
-        bt[msg.type.value] = bt.get(msg.type.value, 0) + 1
+        name = m.VALUE[msg.type]
+        bt[name] = bt.get(name, 0) + 1
         handler = self.handlers.get(msg.type)
         if handler is None:
             self.stats.unhandled_types += 1

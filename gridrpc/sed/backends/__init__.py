@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
 
 from ...errors import ConfigError
+from ...files import FileSink
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..server import Replica, SeD, _Call
@@ -169,7 +170,6 @@ class BaseBackend:
         pass
 
     def file_sink(self, workdir: str) -> Callable:
-        from ...files import FileSink
         sink = FileSink(workdir, as_path=True)
         made = self._made_workdirs
 

@@ -250,3 +250,34 @@ def test_a_peer_that_never_batched_gets_every_answer_at_once():
         assert got == [["p0"], ["p1"], ["p2"]]         # each alone, none held for 30 s
     finally:
         stop()
+
+
+def test_a_call_alone_at_its_server_leaves_at_once_others_wait_for_the_iteration_end():
+    """A sequential caller's CALL is sent from the step that makes it (waiting for the loop
+    iteration's end cost it an iteration: nothing could join it); a call made while another
+    is in flight at the same server goes in the outbox, and the outbox leaves as one batch."""
+    from gridrpc.client.call import ServerInfo
+
+    async def go():
+        async with gridrpc.AsyncClient(None) as c:
+            sent: list = []
+            c._driver.send = lambda address, frames: sent.append((address, frames))
+            info = ServerInfo("s", "tcp://127.0.0.1:9")
+            first = c.submit_nowait("add", 1, 2, server=info)
+            await asyncio.sleep(0)              # the call's task runs its first step
+            alone = len(sent)
+            more = [c.submit_nowait("add", i, 2, server=info) for i in range(2)]
+            await asyncio.sleep(0)
+            queued = len(sent)
+            for _ in range(3):
+                await asyncio.sleep(0)          # the iteration's end: the outbox leaves
+            after = list(sent)
+            for call in [first, *more]:
+                call._task.cancel()             # the client closes: nothing is answered here
+            return alone, queued, after
+    alone, queued, after = asyncio.run(go())
+    assert alone == 1                            # sent from the task's own step
+    assert queued == 1                           # the two others wait for the iteration's end...
+    assert len(after) == 2                       # ... and leave together
+    mt, h = m.parse_header(after[1][1][0])
+    assert mt is MsgType.BATCH and len(h["n"]) == 2

@@ -281,7 +281,10 @@ class AsyncCallDriver(CallDriver):
         if not self.batching:
             return super()._send_call(flight, a)
         frames = self._call_frames(flight, a)
-        if has_big(flight.buffers):
+        alone = self.at_address[a.address] == 1 and a.address not in self._outbox
+        if alone or has_big(flight.buffers):
+            # the only call in flight there (a sequential caller: nothing to batch it with, and
+            # waiting for the loop iteration's end cost it an iteration), or big arguments
             self._flush_address(a.address)
             try:
                 self.send(a.address, frames)

@@ -219,3 +219,46 @@ def test_prestart_workers_forks_them_at_start_and_the_rest_on_demand():
     s = SeD("y", replicas=2, workers=2, prestart_workers=10)
     assert s.execution.prestart == 2
     assert InlineBackend().name == SeD("z", isolation="inline", prestart_workers=4).isolation
+
+
+class _LingeringRecorder(Recorder):
+    linger_answers = True
+
+
+@pytest.mark.parametrize("backend, batched", [(Recorder, False), (_LingeringRecorder, True)])
+def test_answers_linger_only_where_the_back_end_allows(backend, batched):
+    """A client with 100 calls at a SeD gets its answers in batches only from a back-end
+    whose ``linger_answers`` says so (the batch back-end keeps an answer that did not reach
+    its client: a lingering answer is counted as sent before it leaves)."""
+    lt = LoopThread()
+    sed = SeD("lsed", execution=backend(), max_concurrent=64)
+    sed.add_service("add", lambda *xs: None)
+    lt.run(sed.start())
+    s = _dealer(sed.address)
+    try:
+        n = 100
+        calls = [[m.dumps(m.make(MsgType.CALL, f"c{i}", service="add", args=[i, 1], kwargs={}))] for i in range(n)]
+        s.send_multipart(m.batch(calls))              # a peer that batches, with 100 calls at the SeD
+        results, messages = set(), 0
+        deadline = time.monotonic() + 10
+        while len(results) < n and time.monotonic() < deadline:
+            if s.poll(50):
+                frames = s.recv_multipart()
+                messages += 1
+                mt, h = m.parse_header(frames[0])
+                parts = m.unbatch(h, frames[1:]) if mt is MsgType.BATCH else [frames]
+                for p in parts:
+                    ph = m.parse_header(p[0])[1]
+                    if ph["type"] == "result":
+                        results.add(ph["id"])
+        assert len(results) == n
+        if batched:
+            # the ACCEPTEDs' batch, the results while the client had 32 or more calls here in a few
+            # batches, then the last 31 alone (fewer in flight: nothing waits)
+            assert messages <= n // 2, messages
+        else:
+            assert messages > n, messages              # each answer on its own
+    finally:
+        s.close()
+        lt.run(sed.aclose())
+        lt.close()

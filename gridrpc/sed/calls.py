@@ -430,10 +430,10 @@ class CallsMixin:
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():
             task.cancel()                       # answered by its back-end (e.g. at shutdown): stop waiting
         frames = [m.dumps(header), *buffers]
-        mine = self._by_owner.get(call.owner, 0)
-        # a client with many calls here gets its answers in batches (messages.linger)
-        delivered = bool(call.route) and not self.endpoint.closed and self.endpoint.linger(
-            call.route, frames, m.linger(mine))
+        # a client with many calls here gets its answers in batches (messages.linger), where the
+        # back-end allows it: a lingering answer that then cannot leave was counted as sent
+        delay = m.linger(self._by_owner.get(call.owner, 0)) if self.execution.linger_answers else 0.0
+        delivered = bool(call.route) and not self.endpoint.closed and self.endpoint.linger(call.route, frames, delay)
         if call.route and not delivered:
             log.info("SeD %s: answer to %s not delivered", self.name, call.id)
         now = time.time()

@@ -74,6 +74,9 @@ class ExecutionBackend(Protocol):
     name: ClassVar[str]              # registry name: process | inline | batch | cloud
     server_type: str                 # estimation tag: serial | batch | cloud
     ack_delay: float                 # s; 0: ACCEPTED at once (else a quick RESULT stands for it)
+    linger_answers: bool             # answers may wait up to 1 ms to go as a batch (messages.linger):
+                                     # only where "sent" may stand for "delivered" (not batch: it keeps
+                                     # an answer that did not reach its client)
     copy_args: bool                  # decoded arrays must be writable copies (they stay in the SeD)
     remote: bool                     # services run elsewhere: non-importable targets are offered
     where: str                       # where calls run, for docs and messages
@@ -149,6 +152,7 @@ class BaseBackend:
     name: ClassVar[str] = "base"
     server_type = "serial"
     ack_delay = 0.0
+    linger_answers = False
     copy_args = True
     remote = False
     where = "in the SeD"

@@ -33,6 +33,7 @@ class ProcessBackend(BaseBackend):
     The pool (``workers`` processes) is shared by the replicas of the process."""
     name: ClassVar[str] = "process"
     ack_delay = 0.02            # a call that starts at once and ends quickly: RESULT stands for ACCEPTED
+    linger_answers = True       # a client with many calls here gets its answers in batches
     copy_args = False           # views on the frames: written once into a segment for the worker
 
     def __init__(self, workers: int = 2, shm: ShmLimits | None = None, prestart: int = 1) -> None:
@@ -83,6 +84,7 @@ class InlineBackend(BaseBackend):
     cannot stop a thread (its answer is dropped)."""
     name: ClassVar[str] = "inline"
     ack_delay = 0.02
+    linger_answers = True
 
     def __init__(self, workers: int = 0) -> None:     # workers: accepted for a uniform factory
         pass

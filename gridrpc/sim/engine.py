@@ -228,12 +228,8 @@ class Proc:
             if cost < tail:
                 tail = cost
             io.add(side)
+        cost = self._charge(cost)
         speed = host.speed
-        if speed != 1.0:                     # x / 1.0 is x: skipped
-            cost /= speed
-        self.busy_time += cost
-        host.busy_time += cost
-        self.jobs_done += 1
         sim = self.sim
         now = sim.now
         heap = sim._heap
@@ -249,6 +245,18 @@ class Proc:
             t = now + cost
             sim._seq = seq + 1
             heapq.heappush(heap, (t if t > now else now, seq + 1, self._finished, (out,)))
+
+    def _charge(self, cost: float) -> float:
+        """``cost`` CPU seconds of work, in seconds on this host's cores
+        (its ``speed``), counted as this process's and the host's busy time."""
+        host = self.host
+        speed = host.speed
+        if speed != 1.0:                     # x / 1.0 is x: skipped
+            cost /= speed
+        self.busy_time += cost
+        host.busy_time += cost
+        self.jobs_done += 1
+        return cost
 
     def _finished(self, out: Any) -> None:
         if out is not None:
@@ -300,18 +308,12 @@ class IoProc(Proc):
         cost = self.jobs.popleft()
         # Proc._run_next with a FixedJob: no wake-up cost (+ 0.0 is exact), not an element, no io
         self._woken = False
-        host = self.host
-        speed = host.speed
-        if speed != 1.0:
-            cost /= speed
-        self.busy_time += cost
-        host.busy_time += cost
-        self.jobs_done += 1
+        cost = self._charge(cost)
         sim = self.sim
         now = sim.now
         t = now + cost
         sim._seq += 1
-        heapq.heappush(sim._heap, (t if t > now else now, sim._seq, host._release, (self,)))
+        heapq.heappush(sim._heap, (t if t > now else now, sim._seq, self.host._release, (self,)))
 
 
 @dataclass(slots=True)

@@ -281,3 +281,17 @@ def test_a_call_alone_at_its_server_leaves_at_once_others_wait_for_the_iteration
     assert len(after) == 2                       # ... and leave together
     mt, h = m.parse_header(after[1][1][0])
     assert mt is MsgType.BATCH and len(h["n"]) == 2
+
+
+def test_tally_keeps_only_what_is_counted():
+    from gridrpc.core.tally import tally
+    counts: dict = {}
+    tally(counts, "a", 1)
+    tally(counts, "a", 1)
+    tally(counts, "b", 1)
+    assert counts == {"a": 2, "b": 1}
+    tally(counts, "a", -1)
+    tally(counts, "b", -1)
+    assert counts == {"a": 1}                  # b fell to 0: gone
+    tally(counts, "c", -1)                     # a late decrement never leaves a negative count
+    assert counts == {"a": 1}

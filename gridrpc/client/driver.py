@@ -27,6 +27,7 @@ from ..core.call import (Abort, Accepted, Cancel, CancelAck, CallError, CallMach
                          Start, Tick)
 from ..core.call_types import Phase
 from ..core.messages import MsgType
+from ..core.tally import tally
 from ..transport.channel import has_big
 from ..errors import GridRPCError, ProtocolError, error_from_wire
 
@@ -302,14 +303,14 @@ class AsyncCallDriver(CallDriver):
     def _call_frames(self, flight: Flight, a: SendCall) -> list:
         if flight.at != a.address:
             if flight.at is not None:
-                _count(self.at_address, flight.at, -1)
+                tally(self.at_address, flight.at, -1)
             flight.at = a.address
-            _count(self.at_address, a.address, 1)
+            tally(self.at_address, a.address, 1)
         return super()._call_frames(flight, a)
 
     def _forget(self, flight: Flight) -> None:
         if flight.at is not None:
-            _count(self.at_address, flight.at, -1)
+            tally(self.at_address, flight.at, -1)
             flight.at = None
         super()._forget(flight)
 
@@ -405,13 +406,6 @@ class AsyncCallDriver(CallDriver):
         for address, ids in pings.items():
             self._send_pings(address, ids)
 
-
-def _count(counts: dict, key: str, step: int) -> None:
-    n = counts.get(key, 0) + step
-    if n > 0:
-        counts[key] = n
-    else:
-        counts.pop(key, None)
 
 
 def _dict(v: Any) -> dict | None:

@@ -37,6 +37,7 @@ from typing import Any, Hashable, Sequence
 import orjson
 
 from ..core.call_types import Fail
+from ..core.tally import tally
 
 __all__ = ["ReusedAnswers", "MAX_KEPT", "FORGET_KINDS", "load", "answer_key", "server_failed"]
 
@@ -153,14 +154,10 @@ class ReusedAnswers:
         return name
 
     def started(self, name: str) -> None:
-        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        tally(self.in_flight, name, 1)
 
     def ended(self, name: str, failed: bool = False) -> None:
-        n = self.in_flight.get(name, 0) - 1
-        if n > 0:
-            self.in_flight[name] = n
-        else:
-            self.in_flight.pop(name, None)
+        tally(self.in_flight, name, -1)
         if failed:
             self.kept.clear()
 

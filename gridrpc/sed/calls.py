@@ -21,10 +21,11 @@ from ..core.sed_calls import ACK_SLOT, ack_delay
 from ..core import messages as m
 from ..core.events import EventKind
 from ..core.messages import MsgType
+from ..core.tally import tally
 from ..core.sed_calls import CallRecord, CallState, Expired, Fetch, Reacknowledge, Resend
 from ..errors import GridRPCError, InvalidArgument, ProtocolError
 from ..transport.endpoint import Incoming
-from .calls_run import RunsMixin, _count
+from .calls_run import RunsMixin
 from .services import Service
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -164,8 +165,8 @@ class CallsMixin(RunsMixin):
         """Queue a call (also used by back-ends: calls recovered after a restart)."""
         now = time.time() if now is None else now
         self._event(EventKind.CALL_QUEUED, call, now)
-        _count(self._in_flight, call.user, 1)
-        _count(self._by_owner, call.owner, 1)
+        tally(self._in_flight, call.user, 1)
+        tally(self._by_owner, call.owner, 1)
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
     def _accepted(self, call: _Call, duplicate: bool = False) -> dict:

@@ -21,6 +21,7 @@ from ..core import codec
 from ..core import messages as m
 from ..core.events import EventKind, make_event
 from ..core.messages import MsgType
+from ..core.tally import tally
 from ..core.sed_calls import CallState, Drop, Run, Stop
 from ..errors import GridRPCError
 from ..files import read_file
@@ -200,8 +201,8 @@ class RunsMixin:
             log.info("SeD %s: answer to %s not delivered", self.name, call.id)
         now = time.time()
         self._ended_event(call, header, now)
-        _count(self._in_flight, call.user, -1)
-        _count(self._by_owner, call.owner, -1)
+        tally(self._in_flight, call.user, -1)
+        tally(self._by_owner, call.owner, -1)
         actions = self.lifecycle.complete(call.id, frames, ok=ok, now=now)
         self.execution.finished(call, header, frames, delivered)
         call.args = call.kwargs = None          # the record may outlive the call (tasks): free the data
@@ -235,10 +236,3 @@ class RunsMixin:
         t.add_done_callback(self._bg.discard)
         return t
 
-
-def _count(counts: dict, key, step: int) -> None:
-    n = counts.get(key, 0) + step
-    if n > 0:
-        counts[key] = n
-    else:
-        counts.pop(key, None)

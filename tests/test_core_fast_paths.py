@@ -186,6 +186,7 @@ def test_estimation_vector_is_the_merge(now, mc, last, calls, server_type, host_
         want = {**host_tags, "server_type": server_type,
                 **scheduler_tags(scheduler=sch, service=service, predictor=p, now=now, last_solve=last)}
         assert got == want and list(got) == list(want)
+        assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
         assert got is not host_tags
 
 

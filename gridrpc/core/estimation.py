@@ -91,11 +91,11 @@ def estimation_vector(host_tags: dict, server_type: str, *, scheduler, service: 
         tcomp = predictor.predict(service)
         vec["tcomp"] = tcomp
         vec["eft"] = now + tcomp
-        vec["num_waiting"] = 0 - len(sch.running)
-        vec["num_running"] = len(sch.running)
+        vec["num_waiting"] = 0                         # no requests: none waiting, none running
+        vec["num_running"] = 0
         vec["max_concurrent"] = sch.max_concurrent
         vec["time_since_last_solve"] = (now - last_solve) if last_solve is not None else 1e9
-        vec["est_wait"] = now - now
+        vec["est_wait"] = 0.0
         return vec
     vec.update(scheduler_tags(scheduler=sch, service=service, predictor=predictor, now=now,
                               last_solve=last_solve))

@@ -187,3 +187,23 @@ def test_a_sed_hands_its_queued_calls_to_the_worker_without_a_task_each(monkeypa
         assert t.lt.run(go(), timeout=60) == [i + 1 for i in range(100)]
         assert t.lt.call(lambda: len(t.seds[0].calls)) == 0
     assert tasks == []          # every call reached the worker from a loop callback, none from a task
+
+
+def test_an_end_the_pool_never_gives_is_still_an_answer_not_a_lost_call():
+    """start_now's callback maps any exception to an outcome (the task path answers a back-end
+    bug as "internal"): a call is never left running unanswered."""
+    from gridrpc.sed.backends.local import ProcessBackend
+
+    class _Pool:
+        def start_now(self, call_id, service, args, kwargs, done):
+            done(None, RuntimeError("not a WorkerGone"))
+            return True
+
+    class _Call:
+        id, service, args, kwargs = "x", "add", [1], {}
+    got = []
+    be = ProcessBackend()
+    be.pool = _Pool()
+    assert be.start_now(_Call(), got.append)
+    assert len(got) == 1 and got[0].ok is False and got[0].kind == "internal"
+    assert got[0].error[0] == "RuntimeError"

@@ -98,8 +98,10 @@ class InlineBackend(BaseBackend):
 
 
 def _gone(exc: BaseException, call) -> Outcome | None:
-    if not isinstance(exc, WorkerGone):
-        raise exc
+    """How a run the pool ended with ``exc`` ends for the runtime (None: stopped, answered by Stop)."""
+    if not isinstance(exc, WorkerGone):          # not the pool's: answered, as _execute answers a back-end bug
+        return Outcome(ok=False, kind="internal", error=(type(exc).__name__, f"the worker pool failed on "
+                                                        f"{call.service}: {exc}", ""))
     if exc.killed:
         return None                     # answered by the runtime (Stop)
     return Outcome(ok=False, kind="worker_died", error=(

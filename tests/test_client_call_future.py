@@ -9,20 +9,23 @@ import pytest
 
 import gridrpc
 from gridrpc.client.aio import AsyncClient
+from gridrpc.client.call import ServerInfo
 from gridrpc.testing import LoopThread, example_sed
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def sed_and_loop():
+@pytest.fixture(params=["address", "info"])
+def sed_and_loop(request):
+    """Each test twice: the server given by address (the call runs in a task) and as the
+    ServerInfo a discovery gives (no task: gridrpc.client.submit)."""
     lt = LoopThread()
     sed = example_sed("cf", None, ["add", "sleep"], max_concurrent=4)
     lt.run(sed.start())
     client = AsyncClient(None)
     lt.run(client.start())
     try:
-        yield lt, sed, client
+        yield lt, sed, client, (sed.address if request.param == "address" else ServerInfo("cf", sed.address))
     finally:
         lt.run(client.aclose())
         lt.run(sed.aclose())
@@ -30,8 +33,8 @@ def sed_and_loop():
 
 
 def test_no_thread_future_until_a_thread_asks(sed_and_loop):
-    lt, sed, c = sed_and_loop
-    calls = lt.call(lambda: [c.submit_nowait("add", i, 1, server=sed.address) for i in range(20)])
+    lt, sed, c, where = sed_and_loop
+    calls = lt.call(lambda: [c.submit_nowait("add", i, 1, server=where) for i in range(20)])
     assert all(x._cf is None for x in calls)
     async def gather():
         return [await x for x in calls]
@@ -46,8 +49,8 @@ def test_no_thread_future_until_a_thread_asks(sed_and_loop):
 
 
 def test_thread_api_on_a_pending_call(sed_and_loop):
-    lt, sed, c = sed_and_loop
-    call = lt.call(lambda: c.submit_nowait("sleep", 0.4, server=sed.address))
+    lt, sed, c, where = sed_and_loop
+    call = lt.call(lambda: c.submit_nowait("sleep", 0.4, server=where))
     seen = threading.Event()
     call.add_done_callback(lambda cl: seen.set() if cl is call else None)
     with pytest.raises(gridrpc.Timeout):
@@ -58,12 +61,12 @@ def test_thread_api_on_a_pending_call(sed_and_loop):
 
 
 def test_failed_and_cancelled_calls_seen_from_a_thread(sed_and_loop):
-    lt, sed, c = sed_and_loop
-    bad = lt.call(lambda: c.submit_nowait("add", "x", [1], server=sed.address))
+    lt, sed, c, where = sed_and_loop
+    bad = lt.call(lambda: c.submit_nowait("add", "x", [1], server=where))
     with pytest.raises(gridrpc.GridRPCError):
         bad.result(timeout=10)
     assert isinstance(bad.exception(timeout=1), gridrpc.GridRPCError)
-    slow = lt.call(lambda: c.submit_nowait("sleep", 30, server=sed.address))
+    slow = lt.call(lambda: c.submit_nowait("sleep", 30, server=where))
     assert lt.run(_wait_sent(slow))
     assert slow.cancel(timeout=10) is True
     assert slow.cancelled() and slow.done()
@@ -81,10 +84,10 @@ async def _wait_sent(call):
 
 
 def test_cancel_calls_stops_many_at_once(sed_and_loop):
-    lt, sed, c = sed_and_loop
-    finished = lt.call(lambda: c.submit_nowait("add", 1, 1, server=sed.address))
+    lt, sed, c, where = sed_and_loop
+    finished = lt.call(lambda: c.submit_nowait("add", 1, 1, server=where))
     assert finished.result(timeout=10) == 2
-    calls = lt.call(lambda: [c.submit_nowait("sleep", 30, server=sed.address) for _ in range(30)])
+    calls = lt.call(lambda: [c.submit_nowait("sleep", 30, server=where) for _ in range(30)])
     assert lt.run(_wait_all_sent(calls))
     n = lt.run(c.cancel_calls(calls + [finished], timeout=10))
     assert n == 30                                  # the finished one is not counted
@@ -100,7 +103,7 @@ def test_cancel_calls_stops_many_at_once(sed_and_loop):
     finally:
         lt.run(other.aclose())
     # the SeD still serves
-    assert lt.call(lambda: c.submit_nowait("add", 2, 3, server=sed.address)).result(timeout=10) == 5
+    assert lt.call(lambda: c.submit_nowait("add", 2, 3, server=where)).result(timeout=10) == 5
 
 
 async def _wait_all_sent(calls):
@@ -116,10 +119,10 @@ def test_failures_nobody_looked_at_are_not_logged_by_asyncio(sed_and_loop):
     """A submitted call that fails and is never awaited is the user's business (its Call
     reports it when asked); asyncio must not print 'Task exception was never retrieved'."""
     import gc
-    lt, sed, c = sed_and_loop
+    lt, sed, c, where = sed_and_loop
     seen: list = []
     lt.call(lambda: lt.loop.set_exception_handler(lambda _l, ctx: seen.append(ctx.get("message"))))
-    calls = lt.call(lambda: [c.submit_nowait("add", "x", [1], server=sed.address) for _ in range(5)])
+    calls = lt.call(lambda: [c.submit_nowait("add", "x", [1], server=where) for _ in range(5)])
     async def settle():
         import asyncio
         for _ in range(500):
@@ -141,12 +144,12 @@ async def settle_loop():
 
 
 def test_cancel_calls_keeps_an_answer_already_received_and_checks_ownership_first(sed_and_loop):
-    lt, sed, c = sed_and_loop
-    call = lt.call(lambda: c.submit_nowait("sleep", 30, server=sed.address))
+    lt, sed, c, where = sed_and_loop
+    call = lt.call(lambda: c.submit_nowait("sleep", 30, server=where))
     other = AsyncClient(None)
     lt.run(other.start())
     try:
-        foreign = lt.call(lambda: other.submit_nowait("sleep", 30, server=sed.address))
+        foreign = lt.call(lambda: other.submit_nowait("sleep", 30, server=where))
         lt.run(_wait_all_sent([call, foreign]))
         with pytest.raises(ValueError, match="nothing was cancelled"):
             lt.run(c.cancel_calls([call, foreign]))
@@ -170,14 +173,14 @@ def _result_event(flight):
 
 
 def test_callbacks_run_on_the_loop_not_in_the_asking_thread(sed_and_loop):
-    lt, sed, c = sed_and_loop
-    call = lt.call(lambda: c.submit_nowait("add", 1, 2, server=sed.address))
-    where: list = []
-    call.add_done_callback(lambda _c: where.append(threading.current_thread().name))
+    lt, sed, c, where = sed_and_loop
+    call = lt.call(lambda: c.submit_nowait("add", 1, 2, server=where))
+    ran_in: list = []
+    call.add_done_callback(lambda _c: ran_in.append(threading.current_thread().name))
     assert call.result(timeout=10) == 3
     for _ in range(200):
-        if where:
+        if ran_in:
             break
         import time
         time.sleep(0.01)
-    assert where and where != [threading.current_thread().name]
+    assert ran_in and ran_in != [threading.current_thread().name]

@@ -264,10 +264,8 @@ def test_a_call_alone_at_its_server_leaves_at_once_others_wait_for_the_iteration
             c._driver.send = lambda address, frames: sent.append((address, frames))
             info = ServerInfo("s", "tcp://127.0.0.1:9")
             first = c.submit_nowait("add", 1, 2, server=info)
-            await asyncio.sleep(0)              # the call's task runs its first step
-            alone = len(sent)
+            alone = len(sent)                   # a submitted call with its server has no task: sent here
             more = [c.submit_nowait("add", i, 2, server=info) for i in range(2)]
-            await asyncio.sleep(0)
             queued = len(sent)
             for _ in range(3):
                 await asyncio.sleep(0)          # the iteration's end: the outbox leaves
@@ -276,7 +274,7 @@ def test_a_call_alone_at_its_server_leaves_at_once_others_wait_for_the_iteration
                 call._task.cancel()             # the client closes: nothing is answered here
             return alone, queued, after
     alone, queued, after = asyncio.run(go())
-    assert alone == 1                            # sent from the task's own step
+    assert alone == 1                            # sent from the step that made it
     assert queued == 1                           # the two others wait for the iteration's end...
     assert len(after) == 2                       # ... and leave together
     mt, h = m.parse_header(after[1][1][0])

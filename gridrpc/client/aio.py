@@ -7,9 +7,10 @@ SeD, ACCEPTED within ``ack_timeout`` (else the next candidate), pings every
 ``ping_interval`` while it runs, failover or
 :class:`~gridrpc.errors.CommunicationError` when a SeD stops answering for
 ``ping_timeout`` (or the ``patience`` it announced), CANCEL to every server
-given up on. This module owns the calls and the SeD sockets, and
-:mod:`gridrpc.client.ma_requests` the requests to the master agents
-(discovery, catalogue, tree); no protocol rule lives here.
+given up on. This module owns the client's lifecycle, discovery for calls
+and the SeD sockets, :mod:`gridrpc.client.submit` the calls (with or
+without a task) and :mod:`gridrpc.client.ma_requests` the requests to the
+master agents (discovery, catalogue, tree); no protocol rule lives here.
 """
 from __future__ import annotations
 
@@ -20,19 +21,18 @@ import os
 from typing import Any
 
 from ..core import codec
-from ..core import messages as m
 from ..address import parse_addresses
-from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
-from ..core.messages import MsgType
-from ..errors import ERROR_KINDS, CallCancelled, CommunicationError, GridRPCError, MessageTooLarge
-from ..files import FileSink, read_file
+from ..core.call import Discover, Discovered, DiscoveryFailed, SendCall
+from ..errors import ERROR_KINDS, CommunicationError, GridRPCError
+from ..files import FileSink
 from ..transport.channel import Channel, connect_dealer
 from .call import Call, ServerInfo
-from .driver import AsyncCallDriver, Flight, exception_for
+from .driver import AsyncCallDriver, Flight
 from .ids import new_id
 from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, OptionViews
-from .reuse import ReusedAnswers, answer_key, server_failed
+from .reuse import ReusedAnswers, answer_key
+from .submit import SubmitMixin
 
 
 def default_user() -> str:
@@ -42,7 +42,7 @@ def default_user() -> str:
         return os.environ.get("USER", "anonymous")
 
 
-class AsyncClient(OptionViews, MasterAgentRequests):
+class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
     """``async with gridrpc.AsyncClient(ma, user="alice") as client: await client.call(...)``.
 
     Keyword options: the fields of :class:`~gridrpc.client.options.ClientOptions`
@@ -124,76 +124,7 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         for ch in self._seds.values():
             ch.close()
 
-    # -- calls ------------------------------------------------------------
-    async def call(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                   timeout: float | None = None, aggregator: Any = None, keep_result: Any = False, **kwargs):
-        """Call and wait for the result (no Task per call: the fast path).
-        ``keep_result``: True or a data mode: the result stays on the SeD and
-        a :class:`~gridrpc.client.data.DataRef` is returned."""
-        if self.closed:
-            raise CommunicationError("client is closed")
-        call = Call(self, service, self.loop)
-        call.optional = bool(optional)
-        return await self._run(call, args, kwargs, server, timeout if timeout is not None else self.timeout,
-                               aggregator, keep_result)
-
-    async def submit(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                     timeout: float | None = None, aggregator: Any = None, keep_result: Any = False,
-                     **kwargs) -> Call:
-        """Start a call; returns its :class:`Call` at once (``await call`` for the result)."""
-        return self.submit_nowait(service, *args, optional=optional, server=server, timeout=timeout,
-                                  aggregator=aggregator, keep_result=keep_result, **kwargs)
-
-    def submit_nowait(self, service: str, *args, optional: bool = False, server: str | ServerInfo | None = None,
-                      timeout: float | None = None, aggregator: Any = None, keep_result: Any = False,
-                      **kwargs) -> Call:
-        """Like :meth:`submit`, as a plain function (call it from the client's loop)."""
-        if self.closed:
-            raise CommunicationError("client is closed")
-        call = Call(self, service, self.loop)
-        call.optional = bool(optional)
-        if keep_result:
-            call._keep = _data().keep_spec(keep_result)
-        task = self.loop.create_task(self._run(call, args, kwargs, server,
-                                               timeout if timeout is not None else self.timeout, aggregator,
-                                               keep_result))
-        self._tasks.add(task)
-        task.add_done_callback(self._call_task_done)
-        call._bind(task)
-        return call
-
-    async def cancel_calls(self, calls, timeout: float | None = None) -> int:
-        """Cancel many calls of this client at once and wait until each is over
-        (its server confirmed, or ``ack_timeout`` passed; at most ``timeout``
-        seconds in all). The CANCELs of one server leave as one batch, as they
-        do for ``await call.acancel()`` one by one, but without a task and a
-        wait per call (14,100 of them took ~1.6 s of one core). Returns how
-        many were not finished yet (so were cancelled)."""
-        calls = list(calls)
-        for call in calls:
-            if call._client is not self:
-                raise ValueError(f"{call!r} belongs to another client (nothing was cancelled)")
-        waiting: list[asyncio.Task] = []
-        for call in calls:
-            task = call._task
-            if task is None or task.done():
-                continue
-            flight = call._flight
-            if flight is None:
-                task.cancel()                   # not sent yet (discovery): stop it here
-            elif not flight.machine.finished:
-                self._driver.cancel(flight)     # the call fails with CallCancelled when confirmed
-            # else: answered, its task has not resumed yet: the answer stands
-            waiting.append(task)
-        if waiting:
-            await asyncio.wait(waiting, timeout=timeout)
-        return len(waiting)
-
-    def _call_task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()    # retrieved: a failure is reported by its Call, asyncio need not log it
-
+    # -- calls (the rest: gridrpc.client.submit) -------------------------------
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "AsyncHandle":
         return AsyncHandle(self, service, server)
 
@@ -203,60 +134,6 @@ class AsyncClient(OptionViews, MasterAgentRequests):
         (seconds from now); see :func:`gridrpc.client.optional.run_optional`."""
         from .optional import run_optional
         return await run_optional(self, service, mandatory, optional, deadline, max_servers, **kw)
-
-    async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator, keep_result=False):
-        keep = light = None
-        if keep_result or (args or kwargs) and _data().has_data(args, kwargs):
-            d = _data()          # references and pending calls as arguments (gridrpc.client.data)
-            keep = getattr(call, "_keep", None) or d.keep_spec(keep_result)
-            call._keep = keep
-            args, kwargs, refs = await d.prepare_args(self, args, kwargs)
-            if refs:
-                server = server or d.sticky_holder(refs)
-                light = list(args) + list(kwargs.values())
-                if aggregator is None and self.options.aggregator in (None, "default"):
-                    aggregator = "locality"
-        buffers: list = []
-        tree_args = codec.encode(list(args), buffers, read_file)
-        tree_kwargs = codec.encode(dict(kwargs), buffers, read_file)
-        size = sum(len(memoryview(b).cast("B")) if not isinstance(b, bytes) else len(b) for b in buffers)
-        if size > self.options.max_message_size:
-            raise MessageTooLarge(f"arguments of {call.service} are {size} bytes; the maximum message "
-                                  f"size is {self.options.max_message_size} (Client(max_message_size=...))")
-        deadline = None if timeout is None else self.loop.time() + timeout
-        discover = server is None
-        candidates = [] if discover else await self._candidates(call, server, aggregator)
-        if self.closed:
-            raise CommunicationError("client is closed")
-        header = m.make(MsgType.CALL, "", service=call.service, args=tree_args, kwargs=tree_kwargs,
-                        user=self.user, optional=call.optional, ack_ms=self._policy.ack_ms)
-        call._discovery = (aggregator, self.max_candidates if self.failover else 1, light or ())
-        if keep is not None:
-            header["keep"] = keep
-        machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id,
-                              discover=discover, late_binding=not light)    # data refs: locality decides
-        flight = call._flight = self._driver.launch(machine, header, buffers, call)
-        try:
-            outcome = await flight.waiter
-        except asyncio.CancelledError:
-            self._driver.abandon(flight)        # CANCEL to the server
-            raise
-        finally:
-            # call <-> flight is a reference cycle holding the result's buffers until the
-            # cyclic GC runs (measured: 8 MB round trips 3x slower, memory growing 8 MB a call)
-            flight.context = None
-            chosen = call.__dict__.pop("_chosen", None)
-            if chosen is not None:
-                self._reuse.ended(chosen, failed=server_failed(flight.machine, flight.outcome))
-        if type(outcome) is Done:
-            call.timing = outcome.timing
-            return outcome.value if keep is None else _data().to_ref(self, outcome.value)
-        exc = exception_for(outcome.error)
-        if isinstance(exc, CallCancelled):
-            exc.timing = call.timing = outcome.error.timing      # the server's, when it sent them
-        else:
-            call.timing = {}
-        raise exc
 
     async def _candidates(self, call: Call, server, aggregator, args=()) -> list[ServerInfo]:
         if isinstance(server, ServerInfo):

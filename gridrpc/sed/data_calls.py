@@ -20,7 +20,7 @@ from ..core import messages as m
 from ..core.datastore import Mode, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag, find_refs, substitute
-from ..errors import DataAccessDenied, DataError, DataLost
+from ..errors import DataAccessDenied, DataError, DataLost, InvalidArgument
 from .data_bytes import _nbytes
 
 _RESULT = MsgType.RESULT.value
@@ -81,6 +81,15 @@ class CallData:
         self.resolving.pop(call.id, None)
         call.args = substitute(call.args, values)
         call.kwargs = substitute(call.kwargs, values)
+        try:
+            call.svc.check(call.args, call.kwargs)      # the types the references stood for
+        except InvalidArgument as exc:
+            self._unpin(pinned)
+            msg = f"call {call.id}: {exc}"
+            self._producer_failed(call.id, msg)
+            self.sed.endpoint.send(call.route, m.error_header(call.id, "invalid_argument", msg,
+                                                              type_="InvalidArgument", server=call.replica.name))
+            return
         self.pins[call.id] = pinned
         self.sed.admit(call)
 

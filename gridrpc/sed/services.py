@@ -13,6 +13,7 @@ import numbers
 
 import numpy as np
 
+from ..core.refs import RefTag
 from ..errors import ConfigError, InvalidArgument
 
 _SIMPLE = {int: (numbers.Integral,), float: (numbers.Real,), str: (str,), bool: (bool,), bytes: (bytes,),
@@ -58,7 +59,9 @@ class Service:
 
     def check(self, args: list, kwargs: dict) -> None:
         """Wrong number, names or types of arguments -> one InvalidArgument
-        naming every problem, before queueing."""
+        naming every problem, before queueing. A reference (a DataRef, a
+        pending call) passes the type check here: the SeD checks again once
+        it has the value (:mod:`gridrpc.sed.data_calls`)."""
         if self.signature is None:
             return
         fast = self._fast
@@ -68,7 +71,8 @@ class Service:
             # plain positional parameters given positionally (the common case): the
             # checks computed once per service; any problem -> the full path's message
             for value, (default_none, checker) in zip(args, fast[1]):
-                if checker is not None and not (value is None and default_none) and not checker[1](value):
+                if (checker is not None and not (value is None and default_none) and not checker[1](value)
+                        and type(value) is not RefTag):
                     break
             else:
                 return
@@ -80,7 +84,7 @@ class Service:
             if value is None and p.default is None:
                 continue                      # `x: T = None`: None is the default, hence allowed
             checker = _checker(p.annotation)
-            if checker is not None and not checker[1](value):
+            if checker is not None and not checker[1](value) and type(value) is not RefTag:
                 problems.append(f"argument {pname!r} must be {checker[0]}, got {type(value).__name__} "
                                 f"({value!r:.60})")
         if problems:

@@ -1,0 +1,159 @@
+"""Submitted calls without a task (gridrpc.client.submit): a call whose server
+is a ServerInfo, or found by discovery, is launched from ``submit_nowait``
+and its Call bound to a future a callback settles; the other calls keep a
+task. Same results, errors and cancellation either way (the behaviour tests
+of tests/test_client_call_future.py run both ways)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import gridrpc
+from gridrpc.client.aio import AsyncClient
+from gridrpc.client.call import ServerInfo
+from gridrpc.testing import LoopThread, example_sed
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def sed_and_loop():
+    lt = LoopThread()
+    sed = example_sed("d1", None, ["add", "sleep", "echo"], max_concurrent=2)
+    lt.run(sed.start())
+    client = AsyncClient(None, max_message_size=10_000)
+    lt.run(client.start())
+    try:
+        yield lt, sed, client, ServerInfo("d1", sed.address)
+    finally:
+        lt.run(client.aclose())
+        lt.run(sed.aclose())
+        lt.close()
+
+
+async def _until(pred, timeout=10.0):
+    end = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        if asyncio.get_running_loop().time() > end:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def test_which_calls_run_in_a_task(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        direct = c.submit_nowait("add", 1, 2, server=info)
+        named = c.submit_nowait("add", 3, 4, server=sed.address)        # a name to resolve: a task
+        kept = c.submit_nowait("add", 5, 6, server=info, keep_result=True)
+        as_arg = c.submit_nowait("add", direct, 1, server=info)        # a pending call as argument
+        kinds = [type(x._task) is asyncio.Task for x in (direct, named, kept, as_arg)]
+        sent_at_once = direct._flight is not None and named._flight is None
+        values = [await direct, await named, await as_arg]
+        ref = await kept
+        return kinds, sent_at_once, values, await ref.aget()
+    kinds, sent_at_once, values, kept_value = lt.run(go())
+    assert kinds == [False, True, True, True]
+    assert sent_at_once                     # the direct call left from submit_nowait itself
+    assert values == [3, 7, 4] and kept_value == 11
+
+
+def test_discovery_calls_run_without_a_task(tree):
+    async def go():
+        async with gridrpc.AsyncClient(tree.ma_address) as c:
+            calls = [c.submit_nowait("add", i, 1) for i in range(20)]
+            tasks = [type(x._task) is asyncio.Task for x in calls]
+            return tasks, [await x for x in calls], {x.server for x in calls}
+    tasks, values, servers = asyncio.run(go())
+    assert not any(tasks)
+    assert values == [i + 1 for i in range(20)]
+    assert servers and all(s in set(tree.sed_names()) for s in servers)
+
+
+def test_errors_are_the_task_paths_and_carry_no_traceback(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        out = []
+        for where in (info, sed.address):
+            call = c.submit_nowait("add", "x", [1], server=where)
+            await _until(call.done)
+            exc = call._task.exception()
+            out.append((type(exc), exc.__traceback__ is None))
+        return out
+    (direct_type, direct_clean), (task_type, task_clean) = lt.run(go())
+    assert direct_type is task_type and issubclass(direct_type, gridrpc.GridRPCError)
+    assert direct_clean and not task_clean      # made, never raised: nothing for the cyclic GC to walk
+
+
+def test_cancelling_the_future_cancels_on_the_server(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        call = c.submit_nowait("sleep", 30, server=info)
+        assert await _until(lambda: len(sed.calls) == 1)
+        call._task.cancel()                     # as a task cancelled while it waits
+        gone = await _until(lambda: not sed.calls)
+        return gone, call.done(), call.cancelled(), c._driver.flights
+    gone, done, cancelled, flights = lt.run(go())
+    assert gone and done and cancelled
+    assert not flights                          # forgotten by the driver
+    assert sed.stats["cancelled"] == 1
+
+
+def test_cancel_calls_and_acancel_on_direct_calls(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        calls = [c.submit_nowait("sleep", 30, server=info) for _ in range(6)]
+        n = await c.cancel_calls(calls[:5], timeout=10)
+        one = await calls[5].acancel()
+        errors = [type(x._task.exception()) for x in calls]
+        return n, one, errors, await c.call("add", 2, 2, server=info)
+    n, one, errors, four = lt.run(go())
+    assert n == 5 and one is True
+    assert errors == [gridrpc.CallCancelled] * 6
+    assert four == 4 and sed.stats["cancelled"] == 6
+
+
+def test_arguments_too_large_fail_the_call_not_the_submit(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        call = c.submit_nowait("echo", b"x" * 20_000, server=info)      # returns: the Call fails
+        with pytest.raises(gridrpc.MessageTooLarge):
+            await call
+        return await c.call("echo", b"ok", server=info)
+    assert lt.run(go()) == b"ok"
+
+
+def test_closing_the_client_fails_direct_calls_in_flight(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        calls = [c.submit_nowait("sleep", 30, server=info) for _ in range(3)]
+        await _until(lambda: len(sed.calls) == 3)
+        await c.aclose()
+        return [type(x._task.exception()) for x in calls], await _until(lambda: not sed.calls)
+    errors, gone = lt.run(go())
+    assert errors == [gridrpc.CommunicationError] * 3
+    assert gone                                 # their CANCELs left before the socket closed
+
+
+def test_references_to_typed_services_are_checked_once_resolved(sed_and_loop):
+    """A pending call or a DataRef given to a service with annotated parameters passes the type
+    check on arrival (it is a reference) and is checked once the SeD has its value (it failed:
+    "argument 'x' must be int, got RefTag")."""
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        first = c.submit_nowait("add", 1, 2, server=info)
+        second = c.submit_nowait("add", first, 10, server=info)      # the value of a call still running
+        text = await c.put("not a number", server=info)
+        wrong = c.submit_nowait("add", text, 1, server=info)
+        with pytest.raises(gridrpc.InvalidArgument, match="must be int"):
+            await wrong
+        return await second, await c.call("add", 5, 5, server=info)
+    assert lt.run(go()) == (13, 10)

@@ -26,7 +26,7 @@ from . import floor, grid, peers, report, view
 from .procs import REPO, TOKEN, TOKEN_VAR, Procs, sweep
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "floor": ("floor_latency", "floor_throughput", "floor_8mb"),
+    "floor": ("floor_latency", "floor_throughput", "floor_8mb", "floor_hop_latency", "floor_rpc_latency"),
     "tree": grid.TREE_ITEMS + grid.DIAG_ITEMS,
     "curve": grid.CURVE_ITEMS,
     "discovery": ("discovery_100",),

@@ -278,6 +278,15 @@ class AsyncCallDriver(CallDriver):
         self.at_address: dict[str, int] = {}    # calls in flight per server address
         self._soon = False                      # a flush of the outbox is due at this iteration's end
 
+    async def wait(self, flight: Flight) -> Done | Fail:
+        """The outcome of ``flight``; a caller cancelled while it waits
+        abandons the call (a CANCEL to the server)."""
+        try:
+            return await flight.waiter
+        except asyncio.CancelledError:
+            self.abandon(flight)
+            raise
+
     def _send_call(self, flight: Flight, a: SendCall) -> SendFailed | None:
         if not self.batching:
             return super()._send_call(flight, a)

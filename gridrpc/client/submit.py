@@ -177,10 +177,7 @@ class SubmitMixin:
         candidates = [] if discover else await self._candidates(call, server, aggregator)
         flight = self._launch(call, encoded, candidates, discover, deadline, aggregator, keep, light or ())
         try:
-            outcome = await flight.waiter
-        except asyncio.CancelledError:
-            self._driver.abandon(flight)        # CANCEL to the server
-            raise
+            outcome = await self._driver.wait(flight)      # cancelled: CANCEL to the server
         finally:
             self._landed(call, flight)
         ok, value = self._settle(call, outcome)

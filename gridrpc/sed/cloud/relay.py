@@ -64,10 +64,7 @@ class VMLink:
                               policy=self.policy, new_id=lambda: relay_id, noun="VM")
         flight = self.relays[relay_id] = self.driver.launch(machine, dict(header), buffers)
         try:
-            outcome = await flight.waiter
-        except asyncio.CancelledError:
-            self.driver.abandon(flight)         # CANCEL to the VM
-            raise
+            outcome = await self.driver.wait(flight)       # cancelled: CANCEL to the VM
         finally:
             self.relays.pop(relay_id, None)
         if type(outcome) is Done:

@@ -63,3 +63,65 @@ def test_sed_calls_resume_reports_per_sed():
     assert [a.call.id for a in out["s1"] if isinstance(a, Run)] == ["b"]
     assert [a.call.id for a in out["s2"] if isinstance(a, Run)] == ["y"]
     assert calls.state("b") == "running" and calls.state("y") == "running"
+
+
+def test_an_arrival_to_an_idle_fcfs_queue_starts_during_a_pause():
+    """What resume would start is that request: an arrival-ordered queue that nothing else
+    touched during the pause starts it at once (its call reaches the worker before the end of
+    the read); a second arrival with no free slot waits, as does any arrival once something else
+    changed the queue in the pause, and a policy that may reorder (ethic) always waits."""
+    q = _fcfs(2)
+    q.pause()
+    assert q.submit(_req("a", t=0), 0) == [Start("a")]
+    assert q.submit(_req("b", t=1), 1) == [Start("b")]          # a slot for each: same as resume
+    assert q.submit(_req("c", t=2), 2) == []                    # no slot: waits
+    assert q.running == {"a": 0, "b": 1}
+    assert q.resume(3) == []                                    # nothing left to start
+    q.pause()
+    assert q.cancel("a", 4) == [Kill("a", "cancelled")]         # the queue changed in this pause
+    assert q.submit(_req("d", t=5), 5) == []                    # so every start waits for resume
+    assert q.resume(6) == [Start("c")]
+    q2 = _fcfs(1)
+    q2.pause()
+    assert q2.cancel("zz", 0) == []                             # unknown id: nothing changed
+    assert q2.submit(_req("e", t=1), 1) == [Start("e")]
+    ethic = SedScheduler(policy=EthicPolicy(), max_concurrent=1)
+    ethic.pause()
+    assert ethic.submit(_req("m", user="a"), 0.0) == []         # ethic ranks the whole batch at resume
+    assert ethic.resume(0.0) == [Start("m")]
+
+
+def test_early_starts_give_the_order_resume_would_give():
+    """Random batches of arrivals and cancels: a FCFS queue that starts early gives the same
+    starts, in the same order, as the same policy ranked whole at each resume (the full sort,
+    no early start), apart from a request cancelled in the batch it arrived in (it may have
+    started early, then been killed)."""
+    import random
+    from gridrpc.core.queue import FCFSPolicy
+
+    class Sorted(FCFSPolicy):
+        arrival_order = False           # the full sort at resume: no early start
+
+    rng = random.Random(7)
+    for trial in range(300):
+        n = rng.randint(1, 3)
+        early, whole = _fcfs(n), SedScheduler(policy=Sorted(), max_concurrent=n)
+        starts: dict = {"early": [], "whole": []}
+        t, pending = 0.0, []
+        for batch in range(rng.randint(1, 6)):
+            ops = []
+            for k in range(rng.randint(1, 6)):
+                t += 1
+                if pending and rng.random() < 0.3:
+                    ops.append(("cancel", pending.pop(rng.randrange(len(pending))), t))
+                else:
+                    pending.append(f"r{batch}-{k}")
+                    ops.append(("submit", pending[-1], t))
+            for name, q in (("early", early), ("whole", whole)):
+                q.pause()
+                for op, rid, when in ops:
+                    out = q.submit(_req(rid, t=when), when) if op == "submit" else q.cancel(rid, when)
+                    starts[name] += [a.request_id for a in out if isinstance(a, Start)]
+                starts[name] += [a.request_id for a in q.resume(t) if isinstance(a, Start)]
+        assert early.running.keys() == whole.running.keys()
+        assert [r for r in starts["early"] if r in set(starts["whole"])] == starts["whole"]

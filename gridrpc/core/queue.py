@@ -147,6 +147,17 @@ class SedScheduler:
         if req.submitted < self._last_submitted:
             self._in_submit_order = False     # e.g. a clock step: fall back to the full sort
         self._last_submitted = max(self._last_submitted, req.submitted)
+        if self._paused and not self._dirty and len(self.requests) <= self.max_concurrent \
+                and self._in_submit_order and getattr(self.policy, "arrival_order", False):
+            # an arrival-ordered queue that nothing touched during this pause, with a slot for every
+            # request: what resume would start is this request, and nothing later in the batch can
+            # come before it; it starts now (a call to an idle SeD reaches its worker before the
+            # end of the socket's read: ~30 µs less per sequential call)
+            self._paused = False
+            try:
+                return self._reschedule(now)
+            finally:
+                self._paused = True
         return self._reschedule(now)
 
     def finished(self, request_id: str, now: float) -> list[Action]:

@@ -157,3 +157,39 @@ def test_references_to_typed_services_are_checked_once_resolved(sed_and_loop):
             await wrong
         return await second, await c.call("add", 5, 5, server=info)
     assert lt.run(go()) == (13, 10)
+
+
+def test_a_pending_call_to_a_server_known_by_address_only_can_be_an_argument(sed_and_loop):
+    """A call bound to ``tcp://host:port`` has no server name, so no reference can name its
+    holder: its value is passed once it is done (it failed: "malformed data reference ... bad
+    holder ''")."""
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        slow = c.submit_nowait("sleep", 0.2, server=sed.address)
+        echoed = c.submit_nowait("echo", slow, server=sed.address)           # waits for slow's value
+        summed = c.submit_nowait("add", c.submit_nowait("add", 1, 10, server=sed.address), 5,
+                                 server=sed.address)
+        return await echoed, await summed, slow.server
+    echoed, summed, name = lt.run(go())
+    assert echoed == 0.2 and summed == 16
+    assert name == ""                       # address only: the name was never known
+
+
+def test_a_finished_call_as_an_argument_gives_its_value_or_data_lost(sed_and_loop):
+    """A pending call that has already finished when used as an argument: its value (read from
+    its task; waiting on its thread-side future from the loop never returned), or DataLost
+    naming the failure."""
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        out = []
+        for where in (info, sed.address):
+            good = c.submit_nowait("add", 2, 3, server=where)
+            bad = c.submit_nowait("add", "x", [1], server=where)
+            await _until(lambda: good.done() and bad.done())
+            out.append(await c.call("echo", good, server=where))
+            with pytest.raises(gridrpc.DataLost, match="InvalidArgument"):
+                await c.call("echo", bad, server=where)
+        return out
+    assert asyncio.run_coroutine_threadsafe(go(), lt.loop).result(30) == [5, 5]

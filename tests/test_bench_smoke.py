@@ -95,3 +95,59 @@ def test_standalone_bench_writes_json_and_stops_its_sed(tmp_path):
         assert psutil.Process(doc["sed_pid"]).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_diagnostic_floors_run_and_stop_their_workers(tmp_path):
+    """The floor echo through a worker and the least Python RPC through a worker: numbers in the
+    JSON, rows in the table compared with the floor, and their servers' worker processes gone
+    (the suite kills any process left with its token: none may be)."""
+    out = tmp_path / "floors.json"
+    r = subprocess.run([sys.executable, "-m", "gridrpc", "bench", "--quick", "--only",
+                        "floor_latency,floor_hop_latency,floor_rpc_latency", "--json", str(out)],
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    res = doc["results"]
+    assert set(res) == {"floor_latency", "floor_hop_latency", "floor_rpc_latency"}
+    for item in res.values():
+        assert isinstance(item["median_ms"], float) and item["median_ms"] > 0
+    assert "diagnostic: floor echo through a worker process" in r.stdout
+    assert "diagnostic: least Python RPC through a worker" in r.stdout
+    assert not doc["errors"] and doc["leftover_processes_killed"] == []
+
+
+def test_the_rpc_floor_server_ignores_a_malformed_call():
+    """``serve rpc`` checks id, service and args before use: a bad header gets no answer and the
+    server keeps answering good ones."""
+    import asyncio
+
+    import orjson
+    import zmq
+    import zmq.asyncio
+
+    from benchmarks.procs import Procs
+    from benchmarks.floor import start_server
+
+    async def go(addr):
+        ctx = zmq.asyncio.Context()
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(addr)
+        try:
+            for bad in ({"id": 1, "service": "add", "args": [1, 2]}, {"id": "x", "service": "os.system", "args": []},
+                        {"id": "y", "service": "add", "args": "1,2"}):
+                await d.send(orjson.dumps(bad))
+            await d.send(orjson.dumps({"type": "call", "id": "ok", "service": "add", "args": [4, 5]}))
+            reply = orjson.loads(await asyncio.wait_for(d.recv(), 10))
+            return reply
+        finally:
+            d.close()
+            ctx.term()
+    procs = Procs()
+    try:
+        addr = start_server(procs, "rpc")
+        assert asyncio.run(go(addr)) == {"type": "result", "id": "ok", "value": 9}
+    finally:
+        procs.stop()

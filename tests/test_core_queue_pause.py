@@ -81,6 +81,13 @@ def test_an_arrival_to_an_idle_fcfs_queue_starts_during_a_pause():
     assert q.cancel("a", 4) == [Kill("a", "cancelled")]         # the queue changed in this pause
     assert q.submit(_req("d", t=5), 5) == []                    # so every start waits for resume
     assert q.resume(6) == [Start("c")]
+    q3 = _fcfs(2)                                               # a slot freed by a cancel in this read:
+    q3.submit(_req("x", t=0), 0)
+    q3.submit(_req("y", t=0), 0)
+    q3.pause()
+    assert q3.cancel("x", 1) == [Kill("x", "cancelled")]
+    assert q3.submit(_req("z", t=1), 1) == []                   # z waits for resume (the SeD's cancel grace)
+    assert q3.resume(2) == [Start("z")]
     q2 = _fcfs(1)
     q2.pause()
     assert q2.cancel("zz", 0) == []                             # unknown id: nothing changed

@@ -149,10 +149,11 @@ class SedScheduler:
         self._last_submitted = max(self._last_submitted, req.submitted)
         if self._paused and not self._dirty and len(self.requests) <= self.max_concurrent \
                 and self._in_submit_order and getattr(self.policy, "arrival_order", False):
-            # an arrival-ordered queue that nothing touched during this pause, with a slot for every
-            # request: what resume would start is this request, and nothing later in the batch can
-            # come before it; it starts now (a call to an idle SeD reaches its worker before the
-            # end of the socket's read: ~30 µs less per sequential call)
+            # an arrival-ordered queue with a slot for every request: what resume would start is this
+            # request, and nothing later in the batch can come before it; it starts now (a call to an
+            # idle SeD reaches its worker before the end of the socket's read: 81 -> 65 µs from the
+            # message to the worker's pipe, docs/performance.md). Not when something else changed the
+            # queue in this pause: a slot a cancel freed waits for resume (the SeD's CANCEL_GRACE)
             self._paused = False
             try:
                 return self._reschedule(now)

@@ -73,7 +73,7 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         self._driver: AsyncCallDriver | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
-        self._tasks: set[asyncio.Task] = set()     # submitted calls still running
+        self._tasks: set[asyncio.Future] = set()   # submitted calls still running (their task or future)
         self._security, self._ma_public = client_security(self.options, self.user, len(self.master_agents))
         if self._security is not None:
             self.user = self._security.name         # the SeDs account calls to the key's user

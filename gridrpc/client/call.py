@@ -31,7 +31,7 @@ class Call:
         self.service = service
         self._loop = loop
         self._cf: cf.Future | None = None       # the thread side's future, made on first use (_future)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Future | None = None   # its task, or the future of a call run without one (client.submit)
         self.server: str | None = None          # name of the SeD it was sent to
         self.address: str | None = None
         self.id: str | None = None               # request id of the current attempt
@@ -41,7 +41,7 @@ class Call:
         self._flight = None                      # set by the client once the call is sent
 
     # set by the client
-    def _bind(self, task: asyncio.Task) -> None:
+    def _bind(self, task: asyncio.Future) -> None:
         self._task = task
 
     def _future(self) -> cf.Future:

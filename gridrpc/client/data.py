@@ -20,8 +20,8 @@ from ..core import messages as m
 from ..core.datastore import Mode, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag
-from ..errors import (CallCancelled, CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable,
-                      ProtocolError, error_from_wire)
+from ..errors import (CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable, ProtocolError,
+                      error_from_wire)
 from ..files import read_file
 from ..transport.channel import Channel, connect_dealer
 from .call import Call, ServerInfo
@@ -283,14 +283,16 @@ async def _arg_of(client: "AsyncClient", v: Any, refs: list) -> Any:
         refs.append(v)
         return v
     if t is Call:
-        # its server is known once dispatched; a server known by address only has no name ("")
-        # that a reference could give as holder: then its value is passed once it is done
-        while not v.server and not v.done():
+        while v.server is None and not v.done():       # its server is known once dispatched
             await asyncio.sleep(0.002)
+        if v.server == "" and not v.done():
+            # a server known by address only has no name a reference could give as its holder:
+            # the value is passed, once the call is done
+            await asyncio.wait([v._task])
         if v.done():
             # read from the finished task itself: the thread-side future (v._future()) is completed
             # by a loop callback, and waiting on it here, in the loop, never returned
-            ok, value = v._settled() or (False, CallCancelled(f"call to {v.service} cancelled"))
+            ok, value = v._settled()
             if not ok:
                 raise DataLost(f"an argument is the call {v.service} ({v.id}), which failed: "
                                f"{type(value).__name__}: {value}") from value

@@ -416,7 +416,6 @@ class AsyncCallDriver(CallDriver):
             self._send_pings(address, ids)
 
 
-
 def _dict(v: Any) -> dict | None:
     return v if isinstance(v, dict) else None
 

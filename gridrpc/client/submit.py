@@ -118,14 +118,11 @@ class SubmitMixin:
             fut.set_exception(value)
 
     def _direct_done(self, call: Call, fut: asyncio.Future) -> None:
-        self._tasks.discard(fut)
-        if fut.cancelled():             # as a task cancelled while it waits: CANCEL to the server
-            flight = call._flight
-            if flight is not None:
-                self._driver.abandon(flight)
-                self._landed(call, flight)
-        else:
-            fut.exception()             # retrieved: a failure is reported by its Call, asyncio need not log it
+        flight = call._flight
+        if fut.cancelled() and flight is not None:  # as a task cancelled while it waits: CANCEL to the server
+            self._driver.abandon(flight)
+            self._landed(call, flight)
+        self._call_task_done(fut)
 
     async def cancel_calls(self, calls, timeout: float | None = None) -> int:
         """Cancel many calls of this client at once and wait until each is over
@@ -154,7 +151,7 @@ class SubmitMixin:
             await asyncio.wait(waiting, timeout=timeout)
         return len(waiting)
 
-    def _call_task_done(self, task: asyncio.Task) -> None:
+    def _call_task_done(self, task: asyncio.Future) -> None:
         self._tasks.discard(task)
         if not task.cancelled():
             task.exception()    # retrieved: a failure is reported by its Call, asyncio need not log it

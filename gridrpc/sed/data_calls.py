@@ -69,29 +69,26 @@ class CallData:
             self._unpin(pinned)
             raise
         except Exception as exc:  # noqa: BLE001 - any failure fails this call only, with a clear error
-            self._unpin(pinned)
             self.resolving.pop(call.id, None)
             kind = ("data_denied" if isinstance(exc, DataAccessDenied) else "data_lost" if isinstance(exc, DataLost)
                     else "data" if isinstance(exc, DataError) else "protocol")
-            msg = f"call {call.id} ({call.service}) could not get its data: {exc}"
-            self._producer_failed(call.id, msg)
-            self.sed.endpoint.send(call.route, m.error_header(call.id, kind, msg, type_=type(exc).__name__,
-                                                              server=call.replica.name))
-            return
+            return self._not_resolved(call, pinned, kind, f"call {call.id} ({call.service}) could not get its "
+                                      f"data: {exc}", type(exc).__name__)
         self.resolving.pop(call.id, None)
         call.args = substitute(call.args, values)
         call.kwargs = substitute(call.kwargs, values)
         try:
             call.svc.check(call.args, call.kwargs)      # the types the references stood for
         except InvalidArgument as exc:
-            self._unpin(pinned)
-            msg = f"call {call.id}: {exc}"
-            self._producer_failed(call.id, msg)
-            self.sed.endpoint.send(call.route, m.error_header(call.id, "invalid_argument", msg,
-                                                              type_="InvalidArgument", server=call.replica.name))
-            return
+            return self._not_resolved(call, pinned, "invalid_argument", f"call {call.id}: {exc}", "InvalidArgument")
         self.pins[call.id] = pinned
         self.sed.admit(call)
+
+    def _not_resolved(self, call, pinned: list[str], kind: str, msg: str, type_: str) -> None:
+        """The call cannot run with its inputs: release them, fail what waits on its result, answer it."""
+        self._unpin(pinned)
+        self._producer_failed(call.id, msg)
+        self.sed.endpoint.send(call.route, m.error_header(call.id, kind, msg, type_=type_, server=call.replica.name))
 
     def _unpin(self, refs: list[str]) -> None:
         for r in refs:

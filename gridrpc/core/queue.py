@@ -188,6 +188,20 @@ class SedScheduler:
         return fn(list(self.requests.values()), self.running, now)
 
     # -- queries --------------------------------------------------------
+    def next_waiting(self) -> str | None:
+        """The request that will start when a running one ends, when that is
+        already certain: an arrival-ordered queue (FCFS) with every slot
+        busy, arrivals in submit order. None otherwise (other policies decide
+        at the end; a later arrival may come first). A pause changes nothing
+        to it: a slot freed during one (a cancel) leaves fewer running."""
+        if (not self._in_submit_order or len(self.running) < self.max_concurrent
+                or not getattr(self.policy, "arrival_order", False)):
+            return None
+        for rid in self.requests:          # arrival order: the running ones come first
+            if rid not in self.running:
+                return rid
+        return None
+
     def waiting(self) -> list[Request]:
         return [r for rid, r in self.requests.items() if rid not in self.running]
 

@@ -75,6 +75,8 @@ class RunsMixin:
     def _apply(self, r: Replica, actions: list) -> None:
         for a in actions:
             if isinstance(a, Run):
+                if r.ahead is a.call:
+                    r.ahead = None              # it starts: the back-end already has it
                 if not self._closing:
                     now = time.time()
                     if not a.call.svc.idempotent and a.call.route:
@@ -89,12 +91,32 @@ class RunsMixin:
             elif isinstance(a, Drop):
                 self.answer(a.call, m.error_header(a.call.id, "cancelled", "call cancelled while queued",
                                                    **self.timing(a.call)), ok=False)
+        if r.ahead is None and not self._closing:
+            self._send_ahead(r)
         self._view_changed(r)
         wake = self.lifecycle.next_wakeup(r.name, time.time())
         if wake is not None:
             if r.timer is not None:
                 r.timer.cancel()
             r.timer = asyncio.get_running_loop().call_later(max(0.0, wake - time.time()) + 0.001, self._tick, r)
+
+    def _send_ahead(self, r: Replica) -> None:
+        """A worker kept hot: with one slot busy in an arrival-ordered queue,
+        the call that starts next is known; the back-end may put it where
+        the running call runs, so that it starts the moment that one ends
+        (not after the SeD has read the answer and sent it). It is started
+        (Run) or withdrawn (``answer``) as any queued call; only idempotent
+        services (a non-idempotent one is told "running" before it starts)."""
+        sch = r.scheduler
+        if sch.max_concurrent != 1:
+            return
+        nxt = sch.next_waiting()
+        call = self.calls.get(nxt) if nxt is not None else None
+        if call is None or call.state is not CallState.QUEUED or not call.svc.idempotent:
+            return
+        after = self.calls.get(next(iter(sch.running)))
+        if after is not None and after.state is CallState.RUNNING and self.execution.send_ahead(call, after):
+            r.ahead = call
 
     def _tick(self, r: Replica) -> None:
         r.timer = None
@@ -189,6 +211,9 @@ class RunsMixin:
         if self.calls.get(call.id) is not call:
             return
         header, buffers, ok = self.data.answering(call, header, buffers, ok)   # kept results, data waiters
+        if call.replica.ahead is call:          # sent ahead, ended before it started (cancelled, shutdown)
+            call.replica.ahead = None
+            self.execution.kill(call)
         task = call.task
         if call.state is CallState.RUNNING and task is not None and task is not asyncio.current_task():
             task.cancel()                       # answered by its back-end (e.g. at shutdown): stop waiting

@@ -70,6 +70,7 @@ class Replica:
     timer: asyncio.TimerHandle | None = None
     push: PushRule = field(default_factory=PushRule)       # when its snapshot goes to the parent
     push_timer: asyncio.TimerHandle | None = None
+    ahead: Any = None           # the queued call sent ahead to the worker (ExecutionBackend.send_ahead)
 
 
 class SeD(CallsMixin):

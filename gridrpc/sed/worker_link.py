@@ -103,6 +103,18 @@ class Link:
         if fds:
             send_fds(self.sock, fds)
 
+    def send_small(self, obj, limit: int) -> bool:
+        """Send ``obj`` only if it pickles without out-of-band buffers into at
+        most ``limit`` bytes (it then fits the pipe's buffer: the write never
+        waits for the other side); False, and nothing sent, otherwise."""
+        bufs: list = []
+        head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+        if bufs or len(head) > limit:
+            return False
+        ctl = {"new": [], "released": self._drain_released(), "dropped": self._dropped()}
+        _send_msg(self.conn, pickle.dumps((head, [], ctl), protocol=5))
+        return True
+
     def _place(self, r, n: int, new: list, fds: list, lent: list):
         addr = int(np.frombuffer(r, np.uint8).ctypes.data)
         found = self.peer.locate(addr, n)

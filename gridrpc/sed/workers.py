@@ -35,7 +35,7 @@ import os
 import pickle
 import signal
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .shm import OwnSegments, ShmError, ShmLimits
@@ -156,16 +156,32 @@ async def _await(aw):
     return await aw
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
+class _Job:
+    """A call sent to a worker, until its answer is read (answers come back
+    in the order the calls were sent)."""
+    call_id: str
+    serial: int                     # its number on the worker (what the stop word names)
+    fut: Any = None                 # who waits (a future, a _Notify); None: sent ahead, not started yet
+    dropped: bool = False           # given up (killed, or sent ahead and withdrawn): its answer is thrown away
+    early: tuple | None = None      # sent ahead: its answer, read before the server started it
+
+
+@dataclass(eq=False)
 class _Worker:
     proc: Any
     link: Link
     generation: int
     stop: Any = None                # shared word: the number of the call to interrupt
     served: int = 0                 # calls sent to it (the worker counts the same)
-    call_id: str | None = None
-    future: asyncio.Future | None = None
-    interrupting: asyncio.TimerHandle | None = None   # interrupted: its answer is awaited, then it is idle again
+    jobs: collections.deque = field(default_factory=collections.deque)   # _Job, oldest first
+    interrupting: asyncio.TimerHandle | None = None   # a job was interrupted: its answer is awaited
+
+    def job(self, call_id: str) -> "_Job | None":
+        for j in self.jobs:
+            if j.call_id == call_id:
+                return j
+        return None
 
 
 class WorkerPool:
@@ -187,6 +203,8 @@ class WorkerPool:
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.generation = 0
         self.by_call: dict[str, _Worker] = {}
+        self.ahead: dict[str, _Job] = {}        # calls sent ahead whose answer came before their start
+        self.sent_ahead = 0             # calls sent ahead (statistics)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self.prestart = prestart
@@ -240,8 +258,8 @@ class WorkerPool:
             await fut
 
     def _release(self, w: _Worker) -> None:
-        w.call_id = None
-        w.future = None
+        if w.jobs or w.interrupting is not None:
+            return                      # still busy
         if w.generation != self.generation or self.closed:
             self._retire(w)
         else:
@@ -265,13 +283,57 @@ class WorkerPool:
         nothing done, when no worker is idle (then :meth:`run` waits for one).
         When a call ends, its server starts the next from that same callback:
         the worker gets it without the loop iterations of a task's wake-ups."""
+        note = _Notify(self, call_id, done)
+        if self._start_ahead(call_id, note):
+            return True
         w = self._idle_worker()
         if w is None:
             return False
-        note = _Notify(self, call_id, done)
         failed = self._hand(w, call_id, note, (call_id, service, args, kwargs))
         if failed is not None:               # the arguments could not be passed: nothing runs
             note.set_result((False, failed))
+        return True
+
+    # -- a worker kept hot: the next call in its pipe while it runs one ----------
+    def send_ahead(self, call_id: str, service: str, args: list, kwargs: dict, after: str,
+                   limit: int = 16384) -> bool:
+        """Put ``call_id`` in the pipe of the worker running ``after`` (its
+        only call), to run as soon as ``after`` ends, before the server has
+        read that answer: the worker does not wait for the server between two
+        calls. Only small calls (no out-of-band buffer, pickled under
+        ``limit`` bytes: the pipe takes them without blocking). The server
+        then starts it with :meth:`start_now` (nothing is sent again) or
+        withdraws it with :meth:`kill`. False, and nothing sent, when that
+        worker is not running ``after`` alone."""
+        w = self.by_call.get(after)
+        if (w is None or len(w.jobs) != 1 or w.jobs[0].call_id != after or w.jobs[0].fut is None
+                or w.jobs[0].dropped or w.interrupting is not None or w.stop is None
+                or self.interrupt_grace <= 0 or w.generation != self.generation or self.closed
+                or call_id in self.by_call):
+            return False
+        try:
+            sent = w.link.send_small((call_id, service, args, kwargs), limit)
+        except Exception:  # noqa: BLE001 - not sent ahead: it is sent when it starts, as any call
+            return False
+        if not sent:
+            return False
+        w.served += 1
+        w.jobs.append(_Job(call_id, w.served))
+        self.by_call[call_id] = w
+        self.sent_ahead += 1
+        return True
+
+    def _start_ahead(self, call_id: str, note: "_Notify") -> bool:
+        """The server starts a call it sent ahead: nothing to send."""
+        early = self.ahead.pop(call_id, None)
+        if early is not None:               # it already ran: its answer now, from the loop
+            self.loop.call_soon(note.set_result, early.early)
+            return True
+        w = self.by_call.get(call_id)
+        job = w.job(call_id) if w is not None else None
+        if job is None or job.fut is not None or job.dropped:
+            return False
+        job.fut = note
         return True
 
     def _idle_worker(self) -> _Worker | None:
@@ -285,13 +347,16 @@ class WorkerPool:
 
     def _hand(self, w: _Worker, call_id: str, fut: Any, msg: tuple) -> tuple[str, str, str] | None:
         """Send the call to ``w``; the error when it cannot be sent (``w`` is released)."""
-        w.call_id, w.future = call_id, fut
         self.by_call[call_id] = w
         w.served += 1
+        job = _Job(call_id, w.served, fut)
+        w.jobs.append(job)
         try:
             w.link.send(msg)
         except Exception as exc:  # noqa: BLE001 - reported to the caller
             self.by_call.pop(call_id, None)
+            w.jobs.remove(job)
+            w.served -= 1
             self._release(w)
             return (type(exc).__name__, f"cannot pass the arguments to the worker: {exc}", "")
         return None
@@ -311,58 +376,87 @@ class WorkerPool:
 
     def _readable(self, w: _Worker) -> None:
         try:
-            _call_id, ok, value = w.link.recv()
+            call_id, ok, value = w.link.recv()
         except (EOFError, OSError, ConnectionError):
             self._died(w)
             return
         except ShmError as exc:         # the pipe cannot be trusted any more: a fresh worker
-            fut = w.future
-            self._retire(w, kill=True)
-            self._wake()
-            if fut is not None and not fut.done():
-                fut.set_result((False, (type(exc).__name__, f"bad answer from the worker: {exc}", "")))
+            self._broken(w, f"bad answer from the worker: {exc}")
             return
         except Exception as exc:  # result could not be unpickled
-            ok, value = False, (type(exc).__name__, str(exc), "")
-        if w.interrupting is not None:  # the answer of a call already given up: the worker is free again
-            w.interrupting.cancel()
+            call_id, ok, value = None, False, (type(exc).__name__, str(exc), "")
+        if not w.jobs or (call_id is not None and w.jobs[0].call_id != call_id):
+            self._broken(w, f"answer for {call_id!r} out of turn")
+            return
+        job = w.jobs.popleft()
+        if w.interrupting is not None and not any(j.dropped for j in w.jobs):
+            w.interrupting.cancel()     # the answers of calls given up are in: no kill
             w.interrupting = None
-        fut = w.future
+        fut = job.fut
+        if job.dropped:
+            fut = None
+        elif fut is None:               # sent ahead and not started by the server yet: kept for then
+            job.early = (ok, value)
+            self.ahead[job.call_id] = job
         self._release(w)
         if fut is not None and not fut.done():
             fut.set_result((ok, value))
 
+    def _end_jobs(self, w: _Worker, exc: BaseException | None = None, result: tuple | None = None) -> None:
+        """Every call on ``w`` ends (it is gone): the started ones with ``exc``
+        or ``result``; those sent ahead are forgotten (the server sends them
+        again when it starts them)."""
+        jobs, w.jobs = list(w.jobs), collections.deque()
+        for j in jobs:
+            if self.by_call.get(j.call_id) is w:
+                del self.by_call[j.call_id]
+            fut = None if j.dropped else j.fut
+            if fut is not None and not fut.done():
+                if exc is not None:
+                    fut.set_exception(exc if len(jobs) == 1 else WorkerGone(j.call_id, exc.exitcode, exc.killed))
+                else:
+                    fut.set_result(result)
+
+    def _broken(self, w: _Worker, message: str) -> None:
+        self._retire(w, kill=True)
+        self._wake()
+        self._end_jobs(w, result=(False, ("ShmError", message, "")))
+
     def _died(self, w: _Worker) -> None:
-        fut, call_id = w.future, w.call_id
         self.died += 1
         self._retire(w)
-        code = w.proc.exitcode
         self._wake()
-        if fut is not None and not fut.done():
-            fut.set_exception(WorkerGone(call_id, code))
+        first = next((j.call_id for j in w.jobs if j.fut is not None and not j.dropped), None)
+        self._end_jobs(w, WorkerGone(first, w.proc.exitcode))
 
     def kill(self, call_id: str) -> bool:
         """Stop ``call_id`` now: its ``run`` raises WorkerGone at once; the
         worker is interrupted (SIGUSR1) and serves again when it has answered,
         or is killed after ``interrupt_grace`` seconds."""
+        if self.ahead.pop(call_id, None) is not None:     # sent ahead, already answered: forgotten
+            return True
         w = self.by_call.pop(call_id, None)
         if w is None:
             return False
-        fut = w.future
-        w.future, w.call_id = None, None
+        job = w.job(call_id)
+        if job is None:
+            return False
+        fut, job.fut, job.dropped = job.fut, None, True
         if fut is not None and not fut.done():
             fut.set_exception(WorkerGone(call_id, -signal.SIGUSR1, killed=True))
         if self.interrupt_grace <= 0 or w.stop is None:
             self._retire(w, kill=True)
             self._wake()
+            self._end_jobs(w, WorkerGone(None, -signal.SIGKILL))
             return True
-        w.stop.value = w.served
+        w.stop.value = job.serial
         try:
             os.kill(w.proc.pid, signal.SIGUSR1)
         except ProcessLookupError:      # already gone: its pipe's EOF retires it
             return True
         self.interrupted += 1
-        w.interrupting = self.loop.call_later(self.interrupt_grace, self._not_interrupted, w)
+        if w.interrupting is None:
+            w.interrupting = self.loop.call_later(self.interrupt_grace, self._not_interrupted, w)
         return True
 
     def _not_interrupted(self, w: _Worker) -> None:
@@ -372,6 +466,7 @@ class WorkerPool:
                         w.proc.pid, self.interrupt_grace)
             self._retire(w, kill=True)
             self._wake()
+            self._end_jobs(w, WorkerGone(None, -signal.SIGKILL))    # a call started after the one given up
 
     def _retire(self, w: _Worker, kill: bool = False) -> None:
         if w.interrupting is not None:
@@ -429,10 +524,9 @@ class WorkerPool:
     async def aclose(self) -> None:
         self.closed = True
         for w in list(self.workers):
-            fut = w.future
             self._retire(w, kill=True)
-            if fut is not None and not fut.done():      # its caller learns the call is over
-                fut.set_exception(WorkerGone(w.call_id, -signal.SIGKILL, killed=True))
+            first = next((j.call_id for j in w.jobs if j.fut is not None and not j.dropped), None)
+            self._end_jobs(w, WorkerGone(first, -signal.SIGKILL, killed=True))   # their callers learn
         for fut in self.waiters:
             if not fut.done():
                 fut.cancel()

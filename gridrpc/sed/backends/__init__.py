@@ -114,9 +114,17 @@ class ExecutionBackend(Protocol):
         ``done(outcome)`` is called when it ends (as :meth:`run` would
         return). False: the runtime runs :meth:`run` in a task."""
 
+    def send_ahead(self, call: "_Call", after: "_Call") -> bool:
+        """Hand over ``call``, still queued, to run right after ``after`` (the
+        only running call) where ``after`` runs, before the server has seen
+        ``after`` end (a worker kept hot). The server then starts it with
+        :meth:`start_now` or withdraws it with :meth:`kill`. False: nothing
+        was handed over."""
+
     def kill(self, call: "_Call") -> bool:
-        """Stop a running call (cancel, preemption). True if the back-end ends
-        the run itself; False: the runtime cancels the task running it."""
+        """Stop a running call (cancel, preemption), or withdraw one sent
+        ahead. True if the back-end ends the run itself; False: the runtime
+        cancels the task running it."""
 
     def timing(self, call: "_Call") -> dict:
         """More timing fields of the answer (batch: the job's)."""
@@ -198,6 +206,9 @@ class BaseBackend:
 
     async def run(self, call) -> Outcome | None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def send_ahead(self, call, after) -> bool:
+        return False
 
     def kill(self, call) -> bool:
         return False

@@ -36,10 +36,12 @@ class ProcessBackend(BaseBackend):
     linger_answers = True       # a client with many calls here gets its answers in batches
     copy_args = False           # views on the frames: written once into a segment for the worker
 
-    def __init__(self, workers: int = 2, shm: ShmLimits | None = None, prestart: int = 1) -> None:
+    def __init__(self, workers: int = 2, shm: ShmLimits | None = None, prestart: int = 1,
+                 keep_hot: bool = True) -> None:
         self.size = workers
         self.shm = shm
         self.prestart = prestart        # workers forked at start (the rest on demand, on the SeD's loop)
+        self.keep_hot = keep_hot        # the next queued call waits in the worker's pipe (send_ahead)
         self.pool: WorkerPool | None = None
 
     def bind(self, sed) -> None:
@@ -67,11 +69,19 @@ class ProcessBackend(BaseBackend):
             done(_gone(exc, call) if exc is not None else _outcome(*result, call))
         return self.pool.start_now(call.id, call.service, call.args, call.kwargs, ended)
 
+    def send_ahead(self, call, after) -> bool:
+        """The next call of an FCFS queue waits in the pipe of the worker
+        running the current one: the worker starts it as soon as it has
+        answered, without waiting for the SeD to read that answer and send
+        the next (docs/performance.md, "A worker kept hot")."""
+        return self.keep_hot and self.pool.send_ahead(call.id, call.service, call.args, call.kwargs, after.id)
+
     def kill(self, call) -> bool:
         return self.pool.kill(call.id)
 
     def statistics(self) -> dict:
-        return {"workers": len(self.pool.workers), "shm": self.pool.statistics()}
+        return {"workers": len(self.pool.workers), "sent_ahead": self.pool.sent_ahead,
+                "shm": self.pool.statistics()}
 
     async def close(self) -> None:
         await self.pool.aclose()

@@ -1,0 +1,204 @@
+"""WorkerPool.send_ahead: the next call waits in the pipe of the worker
+running the current one and starts as soon as that one has answered —
+before the server has read the answer (a worker kept hot). The server then
+starts it (start_now: nothing sent again) or withdraws it (kill). Real
+worker processes."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+
+from gridrpc.sed.workers import WorkerGone, WorkerPool
+
+
+def _add(a, b):
+    return a + b
+
+
+def _sleep(s):
+    time.sleep(s)
+    return "slept"
+
+
+def _mark(path, i, s):
+    """Sleeps ``s`` then appends ``i`` to ``path``: what ran, in which order, and when."""
+    time.sleep(s)
+    with open(path, "a") as fh:
+        fh.write(f"{i} {time.monotonic()}\n")
+    return i
+
+
+def _exit():
+    os._exit(3)
+
+
+def _size(a):
+    return int(np.asarray(a).size)
+
+
+SERVICES = {"add": _add, "sleep": _sleep, "mark": _mark, "exit": _exit, "size": _size}
+
+
+def _cb(got: list, name: str):
+    return lambda v, e: got.append((name, v, e))
+
+
+async def _until(pred, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.002)
+
+
+def _marks(path) -> list[tuple[int, float]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [(int(a), float(b)) for a, b in (line.split() for line in fh)]
+
+
+def _run(coro_fn, **pool_kw):
+    async def go():
+        pool = WorkerPool(SERVICES, size=1, prestart=1, **pool_kw)
+        pool.start()
+        try:
+            return await coro_fn(pool)
+        finally:
+            await pool.aclose()
+    return asyncio.run(go())
+
+
+def test_the_call_sent_ahead_runs_when_the_first_ends_and_is_not_sent_again(tmp_path):
+    path = str(tmp_path / "ran")
+
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "mark", [path, 0, 0.3], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        served = pool.workers[0].served
+        await _until(lambda: len(_marks(path)) == 2)     # b ran with nobody starting it
+        await _until(lambda: got)
+        assert got == [("a", (True, 0), None)]
+        assert pool.start_now("b", "mark", [path, 1, 0.0], {}, _cb(got, "b"))   # its answer was kept
+        await _until(lambda: len(got) == 2)
+        return got, served, pool.workers[0].served, dict(pool.by_call), dict(pool.ahead), len(pool.idle)
+
+    got, served, served_after, by_call, ahead, idle = _run(body)
+    assert got[1] == ("b", (True, 1), None)
+    assert served == served_after == 2               # two calls through the pipe, b once
+    assert by_call == {} and ahead == {} and idle == 1
+    ran = _marks(path)
+    assert [i for i, _ in ran] == [0, 1]
+
+
+def test_started_before_it_ends_its_answer_goes_to_the_starter(tmp_path):
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "sleep", [0.05], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "sleep", [0.3], {}, after="a")
+        await _until(lambda: got)
+        assert pool.start_now("b", "sleep", [0.3], {}, _cb(got, "b"))   # b is running: confirmed only
+        await _until(lambda: len(got) == 2)
+        return got, pool.workers[0].served
+
+    got, served = _run(body)
+    assert got == [("a", (True, "slept"), None), ("b", (True, "slept"), None)] and served == 2
+
+
+def test_a_call_withdrawn_before_it_starts_never_runs_and_the_first_is_untouched(tmp_path):
+    path = str(tmp_path / "ran")
+
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "mark", [path, 0, 0.4], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        await asyncio.sleep(0.1)
+        assert pool.kill("b")                       # withdrawn while a runs
+        await _until(lambda: got)
+        await _until(lambda: len(pool.idle) == 1)   # b's "interrupted" answer read and thrown away
+        after = []
+        assert pool.start_now("c", "add", [2, 2], {}, _cb(after, "c"))
+        await _until(lambda: after)
+        await asyncio.sleep(0.1)
+        return got, after, pool.spawned, pool.killed
+
+    got, after, spawned, killed = _run(body, interrupt_grace=2.0)
+    assert got == [("a", (True, 0), None)]
+    assert after == [("c", (True, 4), None)]
+    assert spawned == 1 and killed == 0             # the same worker, never killed
+    assert [i for i, _ in _marks(path)] == [0]      # b never ran
+
+
+def test_killing_the_running_call_leaves_the_one_sent_ahead_to_run(tmp_path):
+    path = str(tmp_path / "ran")
+
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "sleep", [5], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        await asyncio.sleep(0.1)
+        assert pool.kill("a")
+        await _until(lambda: _marks(path))              # b ran after a was interrupted
+        assert pool.start_now("b", "mark", [path, 1, 0.0], {}, _cb(got, "b"))
+        await _until(lambda: len(got) == 2)
+        return got, pool.spawned
+
+    got, spawned = _run(body, interrupt_grace=2.0)
+    assert got[0][0] == "a" and got[0][1] is None and isinstance(got[0][2], WorkerGone) and got[0][2].killed
+    assert got[1] == ("b", (True, 1), None) and spawned == 1
+
+
+def test_a_worker_that_dies_forgets_the_call_sent_ahead_which_runs_when_started(tmp_path):
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "exit", [], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "add", [1, 2], {}, after="a")
+        await _until(lambda: got)
+        assert "b" not in pool.by_call and pool.ahead == {}
+        # no idle worker to start it on: as the SeD does then, run() waits for a fresh one
+        assert not pool.start_now("b", "add", [1, 2], {}, _cb(got, "b"))
+        got.append(("b", await pool.run("b", "add", [1, 2], {}), None))
+        return got, pool.spawned, pool.died
+
+    got, spawned, died = _run(body)
+    assert got[0][0] == "a" and isinstance(got[0][2], WorkerGone) and not got[0][2].killed
+    assert got[1] == ("b", (True, 3), None)
+    assert spawned == 2 and died == 1
+
+
+def test_what_is_not_sent_ahead():
+    async def body(pool):
+        got: list = []
+        out = {"idle worker": pool.send_ahead("x", "add", [1, 2], {}, after="nobody")}
+        assert pool.start_now("a", "sleep", [0.3], {}, _cb(got, "a"))
+        out["an array (out-of-band buffer)"] = pool.send_ahead("b", "size", [np.zeros(10)], {}, after="a")
+        out["too large for the pipe"] = pool.send_ahead("b", "add", ["x" * 20000, ""], {}, after="a")
+        out["unpicklable"] = pool.send_ahead("b", "add", [lambda: 1, 1], {}, after="a")
+        out["a small call"] = pool.send_ahead("b", "add", [1, 2], {}, after="a")
+        out["a second one"] = pool.send_ahead("c", "add", [1, 2], {}, after="a")
+        out["after the one sent ahead"] = pool.send_ahead("c", "add", [1, 2], {}, after="b")
+        await _until(lambda: got)
+        assert pool.start_now("b", "add", [1, 2], {}, _cb(got, "b"))
+        await _until(lambda: len(got) == 2)
+        return out, got
+
+    out, got = _run(body)
+    assert out == {"idle worker": False, "an array (out-of-band buffer)": False, "too large for the pipe": False,
+                   "unpicklable": False, "a small call": True, "a second one": False,
+                   "after the one sent ahead": False}
+    assert got[1] == ("b", (True, 3), None)
+
+
+def test_no_call_is_sent_ahead_without_interrupts():
+    """Withdrawing one would need killing the worker, and the call before it with it."""
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "sleep", [0.1], {}, _cb(got, "a"))
+        sent = pool.send_ahead("b", "add", [1, 2], {}, after="a")
+        await _until(lambda: got)
+        return sent
+
+    assert _run(body, interrupt_grace=0) is False

@@ -202,3 +202,47 @@ def test_no_call_is_sent_ahead_without_interrupts():
         return sent
 
     assert _run(body, interrupt_grace=0) is False
+
+
+def test_withdrawing_the_call_behind_a_long_one_does_not_cut_the_long_one(tmp_path):
+    """The grace to stop a withdrawn call counts from when the worker reaches it."""
+    path = str(tmp_path / "ran")
+
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "mark", [path, 0, 1.0], {}, _cb(got, "a"))   # 1 s > the 0.2 s grace
+        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        await asyncio.sleep(0.05)
+        assert pool.kill("b")
+        await _until(lambda: got)
+        await _until(lambda: len(pool.idle) == 1)
+        await asyncio.sleep(0.3)
+        return got, pool.spawned, pool.killed
+
+    got, spawned, killed = _run(body, interrupt_grace=0.2)
+    assert got == [("a", (True, 0), None)]
+    assert spawned == 1 and killed == 0
+    assert [i for i, _ in _marks(path)] == [0]
+
+
+def test_withdrawing_the_call_behind_then_killing_the_running_one(tmp_path):
+    """One interrupt word cannot name both: the worker is replaced, neither call finishes."""
+    path = str(tmp_path / "ran")
+
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "mark", [path, 0, 5.0], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        await asyncio.sleep(0.05)
+        assert pool.kill("b") and pool.kill("a")
+        after: list = []
+        if not pool.start_now("c", "add", [1, 1], {}, _cb(after, "c")):
+            after.append(("c", await pool.run("c", "add", [1, 1], {}), None))
+        await _until(lambda: after)
+        await asyncio.sleep(0.2)
+        return got, after, dict(pool.by_call), pool.killed
+
+    got, after, by_call, killed = _run(body, interrupt_grace=2.0)
+    assert len(got) == 1 and got[0][0] == "a" and isinstance(got[0][2], WorkerGone) and got[0][2].killed
+    assert after == [("c", (True, 2), None)] and by_call == {} and killed == 1
+    assert _marks(path) == []

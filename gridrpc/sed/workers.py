@@ -389,9 +389,13 @@ class WorkerPool:
             self._broken(w, f"answer for {call_id!r} out of turn")
             return
         job = w.jobs.popleft()
-        if w.interrupting is not None and not any(j.dropped for j in w.jobs):
-            w.interrupting.cancel()     # the answers of calls given up are in: no kill
+        if w.interrupting is not None:  # the call given up answered (or one before it: see below)
+            w.interrupting.cancel()
             w.interrupting = None
+        if w.jobs and w.jobs[0].dropped:
+            # the worker now reaches a call withdrawn while it waited in the pipe: it stops it before
+            # it begins (the word says so), and is given interrupt_grace from now, not from the withdrawal
+            w.interrupting = self.loop.call_later(self.interrupt_grace, self._not_interrupted, w)
         fut = job.fut
         if job.dropped:
             fut = None
@@ -441,21 +445,25 @@ class WorkerPool:
         job = w.job(call_id)
         if job is None:
             return False
+        running = w.jobs[0] is job          # else it waits in the pipe behind the running call
+        behind = any(j.dropped for j in w.jobs if j is not job)
         fut, job.fut, job.dropped = job.fut, None, True
         if fut is not None and not fut.done():
             fut.set_exception(WorkerGone(call_id, -signal.SIGUSR1, killed=True))
-        if self.interrupt_grace <= 0 or w.stop is None:
+        if self.interrupt_grace <= 0 or w.stop is None or (running and behind):
+            # no interrupt, or the one word is needed for both: the call behind was withdrawn and the
+            # word names it (it must not run): both given up, the worker goes
             self._retire(w, kill=True)
             self._wake()
             self._end_jobs(w, WorkerGone(None, -signal.SIGKILL))
             return True
         w.stop.value = job.serial
         try:
-            os.kill(w.proc.pid, signal.SIGUSR1)
+            os.kill(w.proc.pid, signal.SIGUSR1)     # ignored unless it is the call running
         except ProcessLookupError:      # already gone: its pipe's EOF retires it
             return True
         self.interrupted += 1
-        if w.interrupting is None:
+        if running and w.interrupting is None:  # (a call behind gets its grace when the worker reaches it)
             w.interrupting = self.loop.call_later(self.interrupt_grace, self._not_interrupted, w)
         return True
 

@@ -226,7 +226,8 @@ def test_withdrawing_the_call_behind_a_long_one_does_not_cut_the_long_one(tmp_pa
 
 
 def test_withdrawing_the_call_behind_then_killing_the_running_one(tmp_path):
-    """One interrupt word cannot name both: the worker is replaced, neither call finishes."""
+    """Two words (stop, skip) name both: the running call is interrupted, the one behind never runs,
+    the worker serves on (a cancelled queued call, then the running one: tests/test_tree_calls.py)."""
     path = str(tmp_path / "ran")
 
     async def body(pool):
@@ -244,5 +245,26 @@ def test_withdrawing_the_call_behind_then_killing_the_running_one(tmp_path):
 
     got, after, by_call, killed = _run(body, interrupt_grace=2.0)
     assert len(got) == 1 and got[0][0] == "a" and isinstance(got[0][2], WorkerGone) and got[0][2].killed
-    assert after == [("c", (True, 2), None)] and by_call == {} and killed == 1
+    assert after == [("c", (True, 2), None)] and by_call == {} and killed == 0
+    assert _marks(path) == []
+
+
+def test_killing_the_running_call_then_withdrawing_the_one_behind(tmp_path):
+    path = str(tmp_path / "ran")
+
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "mark", [path, 0, 5.0], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        await asyncio.sleep(0.05)
+        assert pool.kill("a") and pool.kill("b")
+        await _until(lambda: len(pool.idle) == 1)
+        after: list = []
+        assert pool.start_now("c", "add", [1, 1], {}, _cb(after, "c"))
+        await _until(lambda: after)
+        await asyncio.sleep(0.2)
+        return after, dict(pool.by_call), pool.killed, pool.spawned
+
+    after, by_call, killed, spawned = _run(body, interrupt_grace=2.0)
+    assert after == [("c", (True, 2), None)] and by_call == {} and killed == 0 and spawned == 1
     assert _marks(path) == []

@@ -75,7 +75,8 @@ class CallInterrupted(BaseException):
     does not swallow it)."""
 
 
-def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: ShmLimits, stop=None) -> None:
+def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: ShmLimits, stop=None,
+                 skip=None) -> None:
     # the SeD's objects copied by fork are never collected here (some point
     # into its segments, which are not mapped in this process)
     gc.freeze()
@@ -86,7 +87,8 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: S
     def interrupt(_signum, _frame):
         # only the call the SeD named, and only while it runs: a late signal
         # (the call ended meanwhile) is ignored; at most one raise per call
-        if running[0] and stop is not None and stop.value == running[0]:
+        if running[0] and stop is not None and (stop.value == running[0]
+                                                or (skip is not None and skip.value == running[0])):
             running[0] = 0
             raise CallInterrupted()
 
@@ -108,7 +110,7 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: S
     link = Link(conn, OwnSegments(limits, "w"), limits)
     while True:
         try:
-            box = [_serve_one(link, services, running, stop)]
+            box = [_serve_one(link, services, running, stop, skip)]
         except (EOFError, OSError, KeyboardInterrupt):
             os._exit(0)
         except ShmError:                       # the SeD would never send this: give up
@@ -123,7 +125,7 @@ def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: S
                                         traceback.format_exc())))
 
 
-def _serve_one(link: Link, services: dict[str, Callable], running: list, stop=None) -> tuple:
+def _serve_one(link: Link, services: dict[str, Callable], running: list, stop=None, skip=None) -> tuple:
     msg = None
     while msg is None:          # None: the SeD only released or closed segments
         msg = link.recv()
@@ -133,7 +135,7 @@ def _serve_one(link: Link, services: dict[str, Callable], running: list, stop=No
     try:
         try:
             running[0] = running[1]
-            if stop is not None and stop.value == running[1]:
+            if (stop is not None and stop.value == running[1]) or (skip is not None and skip.value == running[1]):
                 # interrupted before it began (the signal came while the call was being read, and was
                 # ignored then): the word the SeD wrote first says so
                 running[0] = 0
@@ -173,6 +175,7 @@ class _Worker:
     link: Link
     generation: int
     stop: Any = None                # shared word: the number of the call to interrupt
+    skip: Any = None                # another: the number of a call sent ahead and withdrawn (never to run)
     served: int = 0                 # calls sent to it (the worker counts the same)
     jobs: collections.deque = field(default_factory=collections.deque)   # _Job, oldest first
     interrupting: asyncio.TimerHandle | None = None   # a job was interrupted: its answer is awaited
@@ -229,8 +232,9 @@ class WorkerPool:
         parent, child = _CTX.Pipe()
         inherited = [parent] + [w.link for w in self.workers]
         stop = _CTX.RawValue("q", 0)
+        skip = _CTX.RawValue("q", 0)
         proc = _CTX.Process(target=_worker_main, daemon=True,
-                            args=(child, self.services, inherited, self.limits, stop))
+                            args=(child, self.services, inherited, self.limits, stop, skip))
         # the child starts with SIGUSR1 blocked until it has its handler: an interrupt sent to a
         # worker forked for the call it carries (a cancel right after the submit) killed it
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
@@ -240,7 +244,7 @@ class WorkerPool:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         child.close()
         w = _Worker(proc=proc, link=Link(parent, self.segments, self.limits, notify=self._flush_soon),
-                    generation=self.generation, stop=stop)
+                    generation=self.generation, stop=stop, skip=skip)
         self.workers.append(w)
         self.spawned += 1
         self.loop.add_reader(w.link.fileno(), self._readable, w)
@@ -307,7 +311,7 @@ class WorkerPool:
         worker is not running ``after`` alone."""
         w = self.by_call.get(after)
         if (w is None or len(w.jobs) != 1 or w.jobs[0].call_id != after or w.jobs[0].fut is None
-                or w.jobs[0].dropped or w.interrupting is not None or w.stop is None
+                or w.jobs[0].dropped or w.interrupting is not None or w.stop is None or w.skip is None
                 or self.interrupt_grace <= 0 or w.generation != self.generation or self.closed
                 or call_id in self.by_call):
             return False
@@ -446,18 +450,20 @@ class WorkerPool:
         if job is None:
             return False
         running = w.jobs[0] is job          # else it waits in the pipe behind the running call
-        behind = any(j.dropped for j in w.jobs if j is not job)
         fut, job.fut, job.dropped = job.fut, None, True
         if fut is not None and not fut.done():
             fut.set_exception(WorkerGone(call_id, -signal.SIGUSR1, killed=True))
-        if self.interrupt_grace <= 0 or w.stop is None or (running and behind):
-            # no interrupt, or the one word is needed for both: the call behind was withdrawn and the
-            # word names it (it must not run): both given up, the worker goes
+        if self.interrupt_grace <= 0 or w.stop is None:
             self._retire(w, kill=True)
             self._wake()
             self._end_jobs(w, WorkerGone(None, -signal.SIGKILL))
             return True
-        w.stop.value = job.serial
+        # the running call is named in ``stop``, one sent ahead in ``skip`` (at most one per worker):
+        # withdrawing the one behind, then cancelling the running one, stops both
+        if running or w.skip is None:
+            w.stop.value = job.serial
+        else:
+            w.skip.value = job.serial
         try:
             os.kill(w.proc.pid, signal.SIGUSR1)     # ignored unless it is the call running
         except ProcessLookupError:      # already gone: its pipe's EOF retires it

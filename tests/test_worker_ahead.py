@@ -268,3 +268,37 @@ def test_killing_the_running_call_then_withdrawing_the_one_behind(tmp_path):
     after, by_call, killed, spawned = _run(body, interrupt_grace=2.0)
     assert after == [("c", (True, 2), None)] and by_call == {} and killed == 0 and spawned == 1
     assert _marks(path) == []
+
+
+def _v1():
+    return 1
+
+
+def _v2():
+    return 2
+
+
+def test_a_call_sent_ahead_runs_the_service_as_it_is_when_it_starts(tmp_path):
+    """New services while a call waits in the old worker's pipe: it is withdrawn, and sent again to a
+    worker forked with the new ones when it starts."""
+    services = dict(SERVICES, v=_v1)
+
+    async def go():
+        pool = WorkerPool(services, size=2, prestart=1, interrupt_grace=2.0)
+        pool.start()
+        try:
+            got: list = []
+            assert pool.start_now("a", "sleep", [0.3], {}, _cb(got, "a"))
+            assert pool.send_ahead("b", "v", [], {}, after="a")
+            services["v"] = _v2
+            pool.services_changed()
+            await _until(lambda: got)
+            if not pool.start_now("b", "v", [], {}, _cb(got, "b")):
+                got.append(("b", await pool.run("b", "v", [], {}), None))
+            await _until(lambda: len(got) == 2)
+            return got
+        finally:
+            await pool.aclose()
+
+    got = asyncio.run(go())
+    assert got == [("a", (True, "slept"), None), ("b", (True, 2), None)]

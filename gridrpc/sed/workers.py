@@ -227,6 +227,12 @@ class WorkerPool:
         for w in list(self.idle):
             self._retire(w)
         self.idle.clear()
+        # calls sent ahead went to workers forked with the old services: withdrawn, they are sent
+        # again (to a fresh worker) when they start
+        for call_id in [j.call_id for w in self.workers for j in w.jobs if j.fut is None and not j.dropped]:
+            self.kill(call_id)
+        for call_id in list(self.ahead):
+            self.kill(call_id)
 
     def _spawn(self) -> _Worker:
         parent, child = _CTX.Pipe()

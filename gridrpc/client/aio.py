@@ -15,6 +15,7 @@ master agents (discovery, catalogue, tree); no protocol rule lives here.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import getpass
 import os
@@ -74,6 +75,9 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._tasks: set[asyncio.Future] = set()   # submitted calls still running (their task or future)
+        # the context of the client's own callbacks on a call's futures (submit.py): asyncio copies the
+        # current one for each callback unless given one (two Context objects per call for the GC to walk)
+        self._cb_ctx = contextvars.Context()
         self._security, self._ma_public = client_security(self.options, self.user, len(self.master_agents))
         if self._security is not None:
             self.user = self._security.name         # the SeDs account calls to the key's user

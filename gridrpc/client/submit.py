@@ -93,7 +93,7 @@ class SubmitMixin:
         fut = self.loop.create_future()
         call._bind(fut)
         self._tasks.add(fut)
-        fut.add_done_callback(functools.partial(self._direct_done, call))
+        fut.add_done_callback(functools.partial(self._direct_done, call), context=self._cb_ctx)
         try:
             deadline = None if timeout is None else self.loop.time() + timeout
             encoded = self._encode(call, args, kwargs)
@@ -102,7 +102,8 @@ class SubmitMixin:
         except Exception as exc:  # noqa: BLE001 - too large, not encodable, closed: the call fails, as a task's
             fut.set_exception(exc)
             return
-        flight.waiter.add_done_callback(functools.partial(self._direct_settle, call, fut, flight))
+        flight.waiter.add_done_callback(functools.partial(self._direct_settle, call, fut, flight),
+                                        context=self._cb_ctx)
 
     def _direct_settle(self, call: Call, fut: asyncio.Future, flight: Flight, waiter: asyncio.Future) -> None:
         self._landed(call, flight)

@@ -60,6 +60,20 @@ def _marks(path) -> list[tuple[int, float]]:
         return [(int(a), float(b)) for a, b in (line.split() for line in fh)]
 
 
+def _running_with_one_behind(pool, path, seconds: float) -> list:
+    """Call "a" (marks 0 after ``seconds``) running, "b" (marks 1) sent ahead behind it: what ends, as it ends."""
+    got: list = []
+    assert pool.start_now("a", "mark", [path, 0, seconds], {}, _cb(got, "a"))
+    assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+    return got
+
+
+async def _start_or_run(pool, call_id: str, service: str, args: list, got: list) -> None:
+    """As the SeD starts a call: on an idle worker, else (none idle) waiting in run() for one."""
+    if not pool.start_now(call_id, service, args, {}, _cb(got, call_id)):
+        got.append((call_id, await pool.run(call_id, service, args, {}), None))
+
+
 def _run(coro_fn, **pool_kw):
     async def go():
         pool = WorkerPool(SERVICES, size=1, prestart=1, **pool_kw)
@@ -75,9 +89,7 @@ def test_the_call_sent_ahead_runs_when_the_first_ends_and_is_not_sent_again(tmp_
     path = str(tmp_path / "ran")
 
     async def body(pool):
-        got: list = []
-        assert pool.start_now("a", "mark", [path, 0, 0.3], {}, _cb(got, "a"))
-        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        got = _running_with_one_behind(pool, path, 0.3)
         served = pool.workers[0].served
         await _until(lambda: len(_marks(path)) == 2)     # b ran with nobody starting it
         await _until(lambda: got)
@@ -112,9 +124,7 @@ def test_a_call_withdrawn_before_it_starts_never_runs_and_the_first_is_untouched
     path = str(tmp_path / "ran")
 
     async def body(pool):
-        got: list = []
-        assert pool.start_now("a", "mark", [path, 0, 0.4], {}, _cb(got, "a"))
-        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        got = _running_with_one_behind(pool, path, 0.4)
         await asyncio.sleep(0.1)
         assert pool.kill("b")                       # withdrawn while a runs
         await _until(lambda: got)
@@ -209,9 +219,7 @@ def test_withdrawing_the_call_behind_a_long_one_does_not_cut_the_long_one(tmp_pa
     path = str(tmp_path / "ran")
 
     async def body(pool):
-        got: list = []
-        assert pool.start_now("a", "mark", [path, 0, 1.0], {}, _cb(got, "a"))   # 1 s > the 0.2 s grace
-        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        got = _running_with_one_behind(pool, path, 1.0)   # 1 s > the 0.2 s grace
         await asyncio.sleep(0.05)
         assert pool.kill("b")
         await _until(lambda: got)
@@ -231,14 +239,11 @@ def test_withdrawing_the_call_behind_then_killing_the_running_one(tmp_path):
     path = str(tmp_path / "ran")
 
     async def body(pool):
-        got: list = []
-        assert pool.start_now("a", "mark", [path, 0, 5.0], {}, _cb(got, "a"))
-        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        got = _running_with_one_behind(pool, path, 5.0)
         await asyncio.sleep(0.05)
         assert pool.kill("b") and pool.kill("a")
         after: list = []
-        if not pool.start_now("c", "add", [1, 1], {}, _cb(after, "c")):
-            after.append(("c", await pool.run("c", "add", [1, 1], {}), None))
+        await _start_or_run(pool, "c", "add", [1, 1], after)
         await _until(lambda: after)
         await asyncio.sleep(0.2)
         return got, after, dict(pool.by_call), pool.killed
@@ -253,9 +258,7 @@ def test_killing_the_running_call_then_withdrawing_the_one_behind(tmp_path):
     path = str(tmp_path / "ran")
 
     async def body(pool):
-        got: list = []
-        assert pool.start_now("a", "mark", [path, 0, 5.0], {}, _cb(got, "a"))
-        assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
+        got = _running_with_one_behind(pool, path, 5.0)
         await asyncio.sleep(0.05)
         assert pool.kill("a") and pool.kill("b")
         await _until(lambda: len(pool.idle) == 1)
@@ -293,8 +296,7 @@ def test_a_call_sent_ahead_runs_the_service_as_it_is_when_it_starts(tmp_path):
             services["v"] = _v2
             pool.services_changed()
             await _until(lambda: got)
-            if not pool.start_now("b", "v", [], {}, _cb(got, "b")):
-                got.append(("b", await pool.run("b", "v", [], {}), None))
+            await _start_or_run(pool, "b", "v", [], got)
             await _until(lambda: len(got) == 2)
             return got
         finally:

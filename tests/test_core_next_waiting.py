@@ -69,3 +69,27 @@ def test_out_of_submit_order_or_another_policy_names_nothing():
     for i in range(3):
         eth.submit(_req(i, float(i), user=f"u{i}"), float(i))
     assert eth.running and eth.next_waiting() is None
+
+
+def test_a_promised_request_starts_before_one_admitted_later_with_an_older_time():
+    """A call whose data was fetched first is admitted late with its arrival time: without the
+    promise FCFS would start it before the call already handed to the worker (found in review)."""
+    sch = SedScheduler(make_policy("fcfs"), max_concurrent=1)
+    sch.submit(Request(id="a", user="u", service="x", submitted=1.0), 1.0)
+    sch.submit(Request(id="b", user="u", service="x", submitted=3.0), 3.0)
+    assert sch.next_waiting() == "b"
+    sch.promise_next("b")
+    sch.submit(Request(id="c", user="u", service="x", submitted=2.0), 4.0)
+    assert sch.next_waiting() is None                  # out of submit order: nothing more is named
+    assert sch.finished("a", 5.0) == [Start("b")]
+    assert sch.finished("b", 6.0) == [Start("c")]
+
+
+def test_a_promise_of_a_cancelled_request_is_forgotten():
+    sch = SedScheduler(make_policy("fcfs"), max_concurrent=1)
+    for i, t in enumerate((1.0, 2.0, 3.0)):
+        sch.submit(_req(i, t), t)
+    sch.promise_next("r1")
+    sch.cancel("r1", 3.5)
+    assert sch.finished("r0", 4.0) == [Start("r2")]
+    assert sch._promised is None

@@ -24,6 +24,17 @@ def mark(path, i, s):
     return i
 
 
+def stubborn(s):
+    """Ignores interrupts for ``s`` seconds (as a service stuck in C code)."""
+    end = time.monotonic() + s
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.01)
+        except BaseException:  # noqa: BLE001
+            pass
+    return "done"
+
+
 def _ran(path) -> list[int]:
     if not os.path.exists(path):
         return []
@@ -113,3 +124,16 @@ def test_an_ethic_queue_decides_at_the_end_and_sends_nothing_ahead(tmp_path):
         assert s.sent_ahead() == 0
     finally:
         s.close()
+
+
+def test_the_call_queued_behind_a_cancelled_stubborn_one_still_runs(sed):
+    """The running call ignores its interrupt past the grace (its worker is killed): the queued call,
+    sent ahead to that worker, runs on another one (found in review: it failed as WorkerDied)."""
+    sed.add("stubborn", stubborn)
+    with gridrpc.Client(None) as c:
+        first = c.submit("stubborn", 3.0, server=sed.address)
+        time.sleep(0.3)
+        second = c.submit("add", 2, 2, server=sed.address)
+        wait_for(lambda: sed.sent_ahead() == 1, 5, "the second call sent ahead")
+        first.cancel()
+        assert second.result(timeout=20) == 4

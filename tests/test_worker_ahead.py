@@ -35,11 +35,22 @@ def _exit():
     os._exit(3)
 
 
+def _stubborn(s):
+    """Ignores interrupts for ``s`` seconds (as a service stuck in C code longer than the grace)."""
+    end = time.monotonic() + s
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.01)
+        except BaseException:  # noqa: BLE001
+            pass
+    return "done"
+
+
 def _size(a):
     return int(np.asarray(a).size)
 
 
-SERVICES = {"add": _add, "sleep": _sleep, "mark": _mark, "exit": _exit, "size": _size}
+SERVICES = {"add": _add, "sleep": _sleep, "mark": _mark, "exit": _exit, "size": _size, "stubborn": _stubborn}
 
 
 def _cb(got: list, name: str):
@@ -304,3 +315,40 @@ def test_a_call_sent_ahead_runs_the_service_as_it_is_when_it_starts(tmp_path):
 
     got = asyncio.run(go())
     assert got == [("a", (True, "slept"), None), ("b", (True, 2), None)]
+
+
+def test_a_call_started_behind_a_cancelled_one_goes_to_another_worker():
+    """The SeD cancels the running call, then starts the one sent ahead, before the first has answered
+    its interrupt: if that worker is killed (the interrupt not honoured in time), the second, which never
+    began, must not die with it (found in review: it failed as worker_died)."""
+    async def go():
+        pool = WorkerPool(SERVICES, size=2, prestart=1, interrupt_grace=0.3)
+        pool.start()
+        try:
+            got: list = []
+            assert pool.start_now("a", "stubborn", [2.0], {}, _cb(got, "a"))
+            assert pool.send_ahead("b", "add", [1, 2], {}, after="a")
+            await asyncio.sleep(0.1)
+            assert pool.kill("a")
+            await _start_or_run(pool, "b", "add", [1, 2], got)
+            await _until(lambda: len(got) == 2)
+            return got, dict(pool.by_call), pool.killed
+        finally:
+            await pool.aclose()
+
+    got, by_call, killed = asyncio.run(go())
+    assert got[0][0] == "a" and isinstance(got[0][2], WorkerGone) and got[0][2].killed
+    assert got[1] == ("b", (True, 3), None)
+    assert by_call == {}
+
+
+def test_withdrawing_a_call_whose_answer_came_early_leaves_no_record():
+    async def body(pool):
+        assert pool.start_now("a", "sleep", [0.05], {}, _cb([], "a"))
+        assert pool.send_ahead("b", "add", [1, 2], {}, after="a")
+        await _until(lambda: "b" in pool.ahead)
+        assert pool.kill("b")
+        await asyncio.sleep(0.05)
+        return dict(pool.by_call), dict(pool.ahead)
+
+    assert _run(body) == ({}, {})

@@ -111,6 +111,7 @@ class SedScheduler:
     _idle_since: float = float("-inf")   # when the last running request ended (a gather counts from it)
     _paused: bool = False                # between pause() and resume(): nothing starts
     _dirty: bool = False                 # something changed while paused
+    _promised: str | None = None         # starts next, whatever arrives meanwhile (promise_next)
 
     def pause(self) -> None:
         """Take several inputs as one (a batch of messages): until
@@ -202,6 +203,13 @@ class SedScheduler:
                 return rid
         return None
 
+    def promise_next(self, request_id: str) -> None:
+        """``request_id`` (what :meth:`next_waiting` named) starts when the
+        next slot frees, even if a request admitted later with an older
+        submit time (a call whose data was fetched first, a clock step)
+        would now come first: the SeD has handed it to a worker already."""
+        self._promised = request_id
+
     def waiting(self) -> list[Request]:
         return [r for rid, r in self.requests.items() if rid not in self.running]
 
@@ -235,6 +243,14 @@ class SedScheduler:
             return []
         if not self.requests:
             return []
+        promised = self._promised
+        if promised is not None:
+            if promised not in self.requests or promised in self.running:
+                self._promised = None
+            elif len(self.running) < self.max_concurrent:
+                self._promised = None
+                self.running[promised] = now
+                return [Start(promised), *self._reschedule(now)]
         if getattr(self.policy, "arrival_order", False) and self._in_submit_order:
             free = self.max_concurrent - len(self.running)
             started: list[Action] = []

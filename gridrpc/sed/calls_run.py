@@ -117,6 +117,7 @@ class RunsMixin:
         after = self.calls.get(next(iter(sch.running)))
         if after is not None and after.state is CallState.RUNNING and self.execution.send_ahead(call, after):
             r.ahead = call
+            sch.promise_next(call.id)       # a call admitted later cannot come before it any more
 
     def _tick(self, r: Replica) -> None:
         r.timer = None

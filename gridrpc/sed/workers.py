@@ -343,6 +343,12 @@ class WorkerPool:
         job = w.job(call_id) if w is not None else None
         if job is None or job.fut is not None or job.dropped:
             return False
+        if w.jobs[0] is not job:
+            # behind a call given up that has not answered yet (a cancel the SeD just made, its
+            # interrupt maybe not honoured): withdrawn, it goes to another worker (if that worker
+            # is then killed, a call that never began must not die with it)
+            self.kill(call_id)
+            return False
         job.fut = note
         return True
 
@@ -448,6 +454,7 @@ class WorkerPool:
         worker is interrupted (SIGUSR1) and serves again when it has answered,
         or is killed after ``interrupt_grace`` seconds."""
         if self.ahead.pop(call_id, None) is not None:     # sent ahead, already answered: forgotten
+            self.by_call.pop(call_id, None)
             return True
         w = self.by_call.pop(call_id, None)
         if w is None:

@@ -5,7 +5,6 @@ changes: results, order, cancellation of queued calls (a call sent ahead
 and cancelled never runs). Real SeD, worker processes and client."""
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -13,33 +12,12 @@ import pytest
 import gridrpc
 from gridrpc.testing import LoopThread, example_sed, wait_for
 
+from tests.worker_services import mark, ran, stubborn
+
 pytestmark = pytest.mark.timeout(120)
 
 
-def mark(path, i, s):
-    """Sleeps ``s``, then appends ``i`` to ``path``: which calls ran, in which order."""
-    time.sleep(s)
-    with open(path, "a") as fh:
-        fh.write(f"{i}\n")
-    return i
 
-
-def stubborn(s):
-    """Ignores interrupts for ``s`` seconds (as a service stuck in C code)."""
-    end = time.monotonic() + s
-    while time.monotonic() < end:
-        try:
-            time.sleep(0.01)
-        except BaseException:  # noqa: BLE001
-            pass
-    return "done"
-
-
-def _ran(path) -> list[int]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [int(x) for x in fh.read().split()]
 
 
 class _SeD:
@@ -83,7 +61,7 @@ def test_calls_run_once_each_in_arrival_order(sed, tmp_path):
     with gridrpc.Client(None) as c:
         calls = [c.submit("mark", path, i, 0.01, server=sed.address) for i in range(30)]
         assert [x.result(timeout=60) for x in calls] == list(range(30))
-    assert _ran(path) == list(range(30))
+    assert ran(path) == list(range(30))
     assert sed.sent_ahead() >= 20
 
 
@@ -92,7 +70,7 @@ def test_a_queued_call_sent_ahead_and_cancelled_never_runs(sed, tmp_path):
     sed.add("mark", mark)
     with gridrpc.Client(None) as c:
         first = c.submit("mark", path, 0, 0.6, server=sed.address)
-        wait_for(lambda: _ran(path) == [] and sed.lt.call(lambda: sed.sed.stats.get("received", 1) >= 0), 5, "")
+        wait_for(lambda: ran(path) == [] and sed.lt.call(lambda: sed.sed.stats.get("received", 1) >= 0), 5, "")
         time.sleep(0.1)
         second = c.submit("mark", path, 1, 0.0, server=sed.address)
         wait_for(lambda: sed.sent_ahead() == 1, 5, "the second call sent ahead")
@@ -103,7 +81,7 @@ def test_a_queued_call_sent_ahead_and_cancelled_never_runs(sed, tmp_path):
         third = c.submit("add", 2, 2, server=sed.address)      # the same worker serves on
         assert third.result(timeout=10) == 4
     time.sleep(0.2)
-    assert _ran(path) == [0]
+    assert ran(path) == [0]
 
 
 def test_a_non_idempotent_service_is_never_sent_ahead(sed, tmp_path):
@@ -112,7 +90,7 @@ def test_a_non_idempotent_service_is_never_sent_ahead(sed, tmp_path):
     with gridrpc.Client(None) as c:
         calls = [c.submit("mark", path, i, 0.02, server=sed.address) for i in range(10)]
         assert [x.result(timeout=60) for x in calls] == list(range(10))
-    assert sed.sent_ahead() == 0 and _ran(path) == list(range(10))
+    assert sed.sent_ahead() == 0 and ran(path) == list(range(10))
 
 
 def test_an_ethic_queue_decides_at_the_end_and_sends_nothing_ahead(tmp_path):

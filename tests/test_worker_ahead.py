@@ -6,51 +6,20 @@ worker processes."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import numpy as np
 
 from gridrpc.sed.workers import WorkerGone, WorkerPool
 
-
-def _add(a, b):
-    return a + b
-
-
-def _sleep(s):
-    time.sleep(s)
-    return "slept"
-
-
-def _mark(path, i, s):
-    """Sleeps ``s`` then appends ``i`` to ``path``: what ran, in which order, and when."""
-    time.sleep(s)
-    with open(path, "a") as fh:
-        fh.write(f"{i} {time.monotonic()}\n")
-    return i
-
-
-def _exit():
-    os._exit(3)
-
-
-def _stubborn(s):
-    """Ignores interrupts for ``s`` seconds (as a service stuck in C code longer than the grace)."""
-    end = time.monotonic() + s
-    while time.monotonic() < end:
-        try:
-            time.sleep(0.01)
-        except BaseException:  # noqa: BLE001
-            pass
-    return "done"
+from tests.worker_services import BASE, mark, ran, stubborn
 
 
 def _size(a):
     return int(np.asarray(a).size)
 
 
-SERVICES = {"add": _add, "sleep": _sleep, "mark": _mark, "exit": _exit, "size": _size, "stubborn": _stubborn}
+SERVICES = {**BASE, "mark": mark, "size": _size, "stubborn": stubborn}
 
 
 def _cb(got: list, name: str):
@@ -63,12 +32,6 @@ async def _until(pred, timeout: float = 10.0) -> None:
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.002)
 
-
-def _marks(path) -> list[tuple[int, float]]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        return [(int(a), float(b)) for a, b in (line.split() for line in fh)]
 
 
 def _running_with_one_behind(pool, path, seconds: float) -> list:
@@ -85,9 +48,9 @@ async def _start_or_run(pool, call_id: str, service: str, args: list, got: list)
         got.append((call_id, await pool.run(call_id, service, args, {}), None))
 
 
-def _run(coro_fn, **pool_kw):
+def _run(coro_fn, services: dict = SERVICES, size: int = 1, **pool_kw):
     async def go():
-        pool = WorkerPool(SERVICES, size=1, prestart=1, **pool_kw)
+        pool = WorkerPool(services, size=size, prestart=1, **pool_kw)
         pool.start()
         try:
             return await coro_fn(pool)
@@ -102,7 +65,7 @@ def test_the_call_sent_ahead_runs_when_the_first_ends_and_is_not_sent_again(tmp_
     async def body(pool):
         got = _running_with_one_behind(pool, path, 0.3)
         served = pool.workers[0].served
-        await _until(lambda: len(_marks(path)) == 2)     # b ran with nobody starting it
+        await _until(lambda: len(ran(path)) == 2)     # b ran with nobody starting it
         await _until(lambda: got)
         assert got == [("a", (True, 0), None)]
         assert pool.start_now("b", "mark", [path, 1, 0.0], {}, _cb(got, "b"))   # its answer was kept
@@ -113,8 +76,7 @@ def test_the_call_sent_ahead_runs_when_the_first_ends_and_is_not_sent_again(tmp_
     assert got[1] == ("b", (True, 1), None)
     assert served == served_after == 2               # two calls through the pipe, b once
     assert by_call == {} and ahead == {} and idle == 1
-    ran = _marks(path)
-    assert [i for i, _ in ran] == [0, 1]
+    assert ran(path) == [0, 1]
 
 
 def test_started_before_it_ends_its_answer_goes_to_the_starter(tmp_path):
@@ -150,7 +112,7 @@ def test_a_call_withdrawn_before_it_starts_never_runs_and_the_first_is_untouched
     assert got == [("a", (True, 0), None)]
     assert after == [("c", (True, 4), None)]
     assert spawned == 1 and killed == 0             # the same worker, never killed
-    assert [i for i, _ in _marks(path)] == [0]      # b never ran
+    assert ran(path) == [0]      # b never ran
 
 
 def test_killing_the_running_call_leaves_the_one_sent_ahead_to_run(tmp_path):
@@ -162,7 +124,7 @@ def test_killing_the_running_call_leaves_the_one_sent_ahead_to_run(tmp_path):
         assert pool.send_ahead("b", "mark", [path, 1, 0.0], {}, after="a")
         await asyncio.sleep(0.1)
         assert pool.kill("a")
-        await _until(lambda: _marks(path))              # b ran after a was interrupted
+        await _until(lambda: ran(path))              # b ran after a was interrupted
         assert pool.start_now("b", "mark", [path, 1, 0.0], {}, _cb(got, "b"))
         await _until(lambda: len(got) == 2)
         return got, pool.spawned
@@ -241,7 +203,7 @@ def test_withdrawing_the_call_behind_a_long_one_does_not_cut_the_long_one(tmp_pa
     got, spawned, killed = _run(body, interrupt_grace=0.2)
     assert got == [("a", (True, 0), None)]
     assert spawned == 1 and killed == 0
-    assert [i for i, _ in _marks(path)] == [0]
+    assert ran(path) == [0]
 
 
 def test_withdrawing_the_call_behind_then_killing_the_running_one(tmp_path):
@@ -262,7 +224,7 @@ def test_withdrawing_the_call_behind_then_killing_the_running_one(tmp_path):
     got, after, by_call, killed = _run(body, interrupt_grace=2.0)
     assert len(got) == 1 and got[0][0] == "a" and isinstance(got[0][2], WorkerGone) and got[0][2].killed
     assert after == [("c", (True, 2), None)] and by_call == {} and killed == 0
-    assert _marks(path) == []
+    assert ran(path) == []
 
 
 def test_killing_the_running_call_then_withdrawing_the_one_behind(tmp_path):
@@ -277,11 +239,12 @@ def test_killing_the_running_call_then_withdrawing_the_one_behind(tmp_path):
         assert pool.start_now("c", "add", [1, 1], {}, _cb(after, "c"))
         await _until(lambda: after)
         await asyncio.sleep(0.2)
-        return after, dict(pool.by_call), pool.killed, pool.spawned
+        return got, after, dict(pool.by_call), pool.killed, pool.spawned
 
-    after, by_call, killed, spawned = _run(body, interrupt_grace=2.0)
+    got, after, by_call, killed, spawned = _run(body, interrupt_grace=2.0)
+    assert [(name, v, type(e), e.killed) for name, v, e in got] == [("a", None, WorkerGone, True)]   # b: nothing
     assert after == [("c", (True, 2), None)] and by_call == {} and killed == 0 and spawned == 1
-    assert _marks(path) == []
+    assert ran(path) == []
 
 
 def _v1():
@@ -297,23 +260,18 @@ def test_a_call_sent_ahead_runs_the_service_as_it_is_when_it_starts(tmp_path):
     worker forked with the new ones when it starts."""
     services = dict(SERVICES, v=_v1)
 
-    async def go():
-        pool = WorkerPool(services, size=2, prestart=1, interrupt_grace=2.0)
-        pool.start()
-        try:
-            got: list = []
-            assert pool.start_now("a", "sleep", [0.3], {}, _cb(got, "a"))
-            assert pool.send_ahead("b", "v", [], {}, after="a")
-            services["v"] = _v2
-            pool.services_changed()
-            await _until(lambda: got)
-            await _start_or_run(pool, "b", "v", [], got)
-            await _until(lambda: len(got) == 2)
-            return got
-        finally:
-            await pool.aclose()
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "sleep", [0.3], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "v", [], {}, after="a")
+        services["v"] = _v2
+        pool.services_changed()
+        await _until(lambda: got)
+        await _start_or_run(pool, "b", "v", [], got)
+        await _until(lambda: len(got) == 2)
+        return got
 
-    got = asyncio.run(go())
+    got = _run(body, services, size=2, interrupt_grace=2.0)
     assert got == [("a", (True, "slept"), None), ("b", (True, 2), None)]
 
 
@@ -321,22 +279,17 @@ def test_a_call_started_behind_a_cancelled_one_goes_to_another_worker():
     """The SeD cancels the running call, then starts the one sent ahead, before the first has answered
     its interrupt: if that worker is killed (the interrupt not honoured in time), the second, which never
     began, must not die with it (found in review: it failed as worker_died)."""
-    async def go():
-        pool = WorkerPool(SERVICES, size=2, prestart=1, interrupt_grace=0.3)
-        pool.start()
-        try:
-            got: list = []
-            assert pool.start_now("a", "stubborn", [2.0], {}, _cb(got, "a"))
-            assert pool.send_ahead("b", "add", [1, 2], {}, after="a")
-            await asyncio.sleep(0.1)
-            assert pool.kill("a")
-            await _start_or_run(pool, "b", "add", [1, 2], got)
-            await _until(lambda: len(got) == 2)
-            return got, dict(pool.by_call), pool.killed
-        finally:
-            await pool.aclose()
+    async def body(pool):
+        got: list = []
+        assert pool.start_now("a", "stubborn", [2.0], {}, _cb(got, "a"))
+        assert pool.send_ahead("b", "add", [1, 2], {}, after="a")
+        await asyncio.sleep(0.1)
+        assert pool.kill("a")
+        await _start_or_run(pool, "b", "add", [1, 2], got)
+        await _until(lambda: len(got) == 2)
+        return got, dict(pool.by_call), pool.killed
 
-    got, by_call, killed = asyncio.run(go())
+    got, by_call, killed = _run(body, size=2, interrupt_grace=0.3)
     assert got[0][0] == "a" and isinstance(got[0][2], WorkerGone) and got[0][2].killed
     assert got[1] == ("b", (True, 3), None)
     assert by_call == {}

@@ -11,21 +11,10 @@ import time
 
 from gridrpc.sed.workers import WorkerGone, WorkerPool
 
-
-def _add(a, b):
-    return a + b
+from tests.worker_services import BASE
 
 
-def _sleep(s):
-    time.sleep(s)
-    return "slept"
-
-
-def _exit():
-    os._exit(3)
-
-
-SERVICES = {"add": _add, "sleep": _sleep, "exit": _exit}
+SERVICES = BASE
 
 
 async def _ended(pool: WorkerPool, call_id: str, service: str, *args, timeout: float = 10.0):

@@ -73,8 +73,7 @@ class Link:
         head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
         del obj
         if not bufs:                # no out-of-band buffer (small arguments, a scalar result)
-            ctl = {"new": [], "released": self._drain_released(), "dropped": self._dropped()}
-            _send_msg(self.conn, pickle.dumps((head, [], ctl), protocol=5))
+            self._send_plain(head)
             return
         raws = [b.raw() for b in bufs]
         del bufs
@@ -111,9 +110,13 @@ class Link:
         head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
         if bufs or len(head) > limit:
             return False
+        self._send_plain(head)
+        return True
+
+    def _send_plain(self, head: bytes) -> None:
+        """A message with no buffer to place: the pickle and what to tell the peer about segments."""
         ctl = {"new": [], "released": self._drain_released(), "dropped": self._dropped()}
         _send_msg(self.conn, pickle.dumps((head, [], ctl), protocol=5))
-        return True
 
     def _place(self, r, n: int, new: list, fds: list, lent: list):
         addr = int(np.frombuffer(r, np.uint8).ctypes.data)

@@ -309,20 +309,21 @@ class WorkerPool:
         if fut is not None and not fut.done():
             fut.set_result((ok, value))
 
-    def _end_jobs(self, w: _Worker, exc: BaseException | None = None, result: tuple | None = None) -> None:
-        """Every call on ``w`` ends (it is gone): the started ones with ``exc``
-        or ``result``; those sent ahead are forgotten (the server sends them
-        again when it starts them)."""
+    def _end_jobs(self, w: _Worker, exitcode: int | None = None, killed: bool = False,
+                  result: tuple | None = None) -> None:
+        """Every call on ``w`` ends (it is gone): the started ones with
+        ``result`` if given, else :class:`WorkerGone`; those sent ahead are
+        forgotten (the server sends them again when it starts them)."""
         jobs, w.jobs = list(w.jobs), collections.deque()
         for j in jobs:
             if self.by_call.get(j.call_id) is w:
                 del self.by_call[j.call_id]
             fut = None if j.dropped else j.fut
             if fut is not None and not fut.done():
-                if exc is not None:
-                    fut.set_exception(exc if len(jobs) == 1 else WorkerGone(j.call_id, exc.exitcode, exc.killed))
-                else:
+                if result is not None:
                     fut.set_result(result)
+                else:
+                    fut.set_exception(WorkerGone(j.call_id, exitcode, killed))
 
     def _broken(self, w: _Worker, message: str) -> None:
         self._retire(w, kill=True)
@@ -333,8 +334,7 @@ class WorkerPool:
         self.died += 1
         self._retire(w)
         self._wake()
-        first = next((j.call_id for j in w.jobs if j.fut is not None and not j.dropped), None)
-        self._end_jobs(w, WorkerGone(first, w.proc.exitcode))
+        self._end_jobs(w, w.proc.exitcode)
 
     def kill(self, call_id: str) -> bool:
         """Stop ``call_id`` now: its ``run`` raises WorkerGone at once; the
@@ -356,7 +356,7 @@ class WorkerPool:
         if self.interrupt_grace <= 0 or w.stop is None:
             self._retire(w, kill=True)
             self._wake()
-            self._end_jobs(w, WorkerGone(None, -signal.SIGKILL))
+            self._end_jobs(w, -signal.SIGKILL)
             return True
         # the running call is named in ``stop``, one sent ahead in ``skip`` (at most one per worker):
         # withdrawing the one behind, then cancelling the running one, stops both
@@ -380,7 +380,7 @@ class WorkerPool:
                         w.proc.pid, self.interrupt_grace)
             self._retire(w, kill=True)
             self._wake()
-            self._end_jobs(w, WorkerGone(None, -signal.SIGKILL))    # a call started after the one given up
+            self._end_jobs(w, -signal.SIGKILL)      # a call started after the one given up
 
     def _retire(self, w: _Worker, kill: bool = False) -> None:
         if w.interrupting is not None:
@@ -439,8 +439,7 @@ class WorkerPool:
         self.closed = True
         for w in list(self.workers):
             self._retire(w, kill=True)
-            first = next((j.call_id for j in w.jobs if j.fut is not None and not j.dropped), None)
-            self._end_jobs(w, WorkerGone(first, -signal.SIGKILL, killed=True))   # their callers learn
+            self._end_jobs(w, -signal.SIGKILL, killed=True)    # their callers learn
         for fut in self.waiters:
             if not fut.done():
                 fut.cancel()

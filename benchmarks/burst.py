@@ -63,7 +63,9 @@ def _cpu(tree: ExperimentTree) -> dict:
 
 
 async def _users(tree: ExperimentTree, users: int, seds: int, n_min: int, task: float,
-                 poll: float = 0.01, share: bool = True, freeze: bool = True) -> dict:
+                 poll: float = 0.01, share: bool = True, freeze: bool = True, on_phase=None) -> dict:
+    """``on_phase(name)``, if given, is called with "dispatched" and "cancelled" as each phase ends
+    (a profiler's hook: stop sampling there)."""
     ma = tree.ma_address
     clients = [AsyncClient(ma, user=f"u{i}", discovery_timeout=60.0, ack_timeout=120.0, ping_timeout=60.0,
                            share_discovery=share)
@@ -118,12 +120,16 @@ async def _users(tree: ExperimentTree, users: int, seds: int, n_min: int, task: 
             await asyncio.sleep(poll)
         dispatched = time.monotonic() - t0
         gc_dispatch = gcs.take()
+        if on_phase is not None:
+            on_phase("dispatched")
         left = sum(1 for c in calls if waiting(c))
         c1 = _cpu(tree)
         t1 = time.monotonic()
         # each user cancels all its calls at once (AsyncClient.cancel_calls: one wait, not one per call)
         await asyncio.gather(*(c.cancel_calls(own) for c, own in mine.items()), return_exceptions=True)
         cancelled = time.monotonic() - t1
+        if on_phase is not None:
+            on_phase("cancelled")
         # the SeDs' own clock: every CANCELLED carries the call's "received" time (same host, same clock)
         got = [c.timing.get("received") for c in calls if isinstance(getattr(c, "timing", None), dict)]
         got = [g for g in got if isinstance(g, (int, float))]

@@ -1,7 +1,8 @@
 """Submitted calls without a task (gridrpc.client.submit): a call whose server
 is a ServerInfo, or found by discovery, is launched from ``submit_nowait``
-and its Call bound to a future a callback settles; the other calls keep a
-task. Same results, errors and cancellation either way (the behaviour tests
+and its Call bound to a future the driver settles when the call ends (the
+flight's ``on_end``: no waiter future, no done callback); the other calls
+keep a task. Same results, errors and cancellation either way (the behaviour tests
 of tests/test_client_call_future.py run both ways)."""
 from __future__ import annotations
 
@@ -101,6 +102,42 @@ def test_cancelling_the_future_cancels_on_the_server(sed_and_loop):
     assert gone and done and cancelled
     assert not flights                          # forgotten by the driver
     assert sed.stats["cancelled"] == 1
+
+
+def test_a_task_awaiting_a_direct_call_cancelled_cancels_it_on_the_server(sed_and_loop):
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        call = c.submit_nowait("sleep", 30, server=info)
+        waiting = asyncio.ensure_future(_await(call._task))    # cancellation reaches the future itself
+        assert await _until(lambda: len(sed.calls) == 1)
+        waiting.cancel()
+        gone = await _until(lambda: not sed.calls)
+        return gone, call.cancelled(), dict(c._driver.flights), c._tasks
+    gone, cancelled, flights, tasks = lt.run(go())
+    assert gone and cancelled and not flights and not tasks
+    assert sed.stats["cancelled"] == 1
+
+
+async def _await(fut):
+    return await fut
+
+
+def test_a_direct_call_has_no_waiter_and_no_callback_of_its_own(sed_and_loop):
+    """What the cyclic GC walks per call in flight: the driver settles the call's
+    future itself (``on_end``), with no waiter future and no done callbacks (a
+    partial, a bound method, a list and a tuple each)."""
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        call = c.submit_nowait("sleep", 30, server=info)
+        flight = call._flight
+        shape = (flight.waiter, flight.on_end is not None, len(call._task._callbacks or ()))
+        await c.cancel_calls([call], timeout=10)
+        return shape, flight.on_end, call.cancelled(), c._tasks
+    (waiter, has_end, callbacks), end_after, cancelled, tasks = lt.run(go())
+    assert waiter is None and has_end and callbacks == 0
+    assert end_after is None and cancelled and not tasks      # called once, then dropped
 
 
 def test_cancel_calls_and_acancel_on_direct_calls(sed_and_loop):

@@ -15,7 +15,6 @@ master agents (discovery, catalogue, tree); no protocol rule lives here.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import getpass
 import os
@@ -75,9 +74,8 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._tasks: set[asyncio.Future] = set()   # submitted calls still running (their task or future)
-        # the context of the client's own callbacks on a call's futures (submit.py): asyncio copies the
-        # current one for each callback unless given one (two Context objects per call for the GC to walk)
-        self._cb_ctx = contextvars.Context()
+        # what the driver calls when a submitted call without a task ends (submit.py), made once
+        self._on_direct_end = self._direct_end
         self._security, self._ma_public = client_security(self.options, self.user, len(self.master_agents))
         if self._security is not None:
             self.user = self._security.name         # the SeDs account calls to the key's user
@@ -260,7 +258,9 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         if flight is None or flight.machine.finished:
             return
         self._driver.cancel(flight)
-        await asyncio.shield(flight.waiter)
+        # a direct call has no waiter: its own future ends with the flight (a wait, not an await: its
+        # error is the call's to report)
+        await asyncio.wait([flight.waiter if flight.waiter is not None else call._task])
 
     # -- SeD sockets ------------------------------------------------------
     def _channel(self, address: str) -> Channel:

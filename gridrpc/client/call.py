@@ -39,6 +39,7 @@ class Call:
         self.timing: dict = {}
         self.optional = False
         self._flight = None                      # set by the client once the call is sent
+        self._chosen = None                      # the kept answer's server it took (client.reuse), until it ends
 
     # set by the client
     def _bind(self, task: asyncio.Future) -> None:

@@ -48,9 +48,13 @@ def exception_for(error: CallError) -> GridRPCError:
 class Flight:
     """One call in flight: its machine, the CALL header (its ``id``/``sed``
     are set per attempt) and binary frames, what its caller waits on
-    (``waiter``), and the caller's ``context`` (a :class:`gridrpc.Call`)."""
+    (``waiter``), and the caller's ``context`` (a :class:`gridrpc.Call`).
+    ``on_end(flight)``, if given instead of a waiter, is called once when the
+    call ends (a submitted call without a task: no future and no callback of
+    its own, gridrpc.client.submit)."""
 
-    __slots__ = ("machine", "header", "buffers", "context", "waiter", "timer", "outcome", "waiting_until", "at")
+    __slots__ = ("machine", "header", "buffers", "context", "waiter", "timer", "outcome", "waiting_until", "at",
+                 "on_end")
 
     def __init__(self, machine: CallMachine, header: dict, buffers: list, context: Any = None) -> None:
         self.machine, self.header, self.buffers, self.context = machine, header, buffers, context
@@ -59,6 +63,7 @@ class Flight:
         self.outcome: Done | Fail | None = None
         self.waiting_until: float | None = None
         self.at: str | None = None      # the address it is counted at (AsyncCallDriver.at_address)
+        self.on_end: Callable[[Flight], None] | None = None
 
 
 class CallDriver:
@@ -92,8 +97,10 @@ class CallDriver:
         flight.outcome = outcome
 
     # -- the caller's side ------------------------------------------------------------------
-    def launch(self, machine: CallMachine, header: dict, buffers: list, context: Any = None) -> Flight:
+    def launch(self, machine: CallMachine, header: dict, buffers: list, context: Any = None,
+               on_end: Callable[[Flight], None] | None = None) -> Flight:
         flight = Flight(machine, header, buffers, context)
+        flight.on_end = on_end
         self._prepare(flight)
         self.feed(flight, _START)
         return flight
@@ -250,7 +257,8 @@ class CallDriver:
 
 class AsyncCallDriver(CallDriver):
     """The asyncio driver: ``flight.waiter`` is a future resolved with the
-    outcome (never with an exception); one ``loop.call_at`` timer per call;
+    outcome (never with an exception), or ``flight.on_end`` is called with the
+    flight when it ends; one ``loop.call_at`` timer per call;
     pings of one loop iteration go out as one PING per address.
 
     CALLs and CANCELs made in one loop iteration wait in a per-server outbox
@@ -357,7 +365,8 @@ class AsyncCallDriver(CallDriver):
                     self.feed(flight, SendFailed(str(exc)))
 
     def _prepare(self, flight: Flight) -> None:
-        flight.waiter = self.loop.create_future()
+        if flight.on_end is None:
+            flight.waiter = self.loop.create_future()
 
     def _arm(self, flight: Flight) -> None:
         """Timers share slots of ``TIMER_SLOT`` seconds: a call's wakeup is
@@ -401,8 +410,13 @@ class AsyncCallDriver(CallDriver):
 
     def _finish(self, flight: Flight, outcome: Done | Fail) -> None:
         flight.outcome = outcome
-        if not flight.waiter.done():
-            flight.waiter.set_result(outcome)
+        waiter = flight.waiter
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(outcome)
+        elif flight.on_end is not None:
+            end, flight.on_end = flight.on_end, None
+            end(flight)
 
     def _ping(self, a: SendPing) -> None:
         if not self._pings:

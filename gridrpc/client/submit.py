@@ -23,7 +23,6 @@ caller waits on the flight's ``waiter``:
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Any
 
 from ..core import codec
@@ -41,6 +40,24 @@ from .reuse import server_failed
 def _data():
     from . import data
     return data
+
+
+class _DirectFuture(asyncio.Future):
+    """The future of a submitted call run without a task. Cancelling it (a
+    task awaiting it cancelled, ``cancel_calls`` before the CALL left, the
+    client closing) sends the call's CANCEL at once, as a cancelled task's
+    call does: no done callback per call for that (each was a partial, a
+    bound method and a list for the cyclic GC to walk)."""
+
+    __slots__ = ("call",)
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        call, self.call = self.call, None
+        if call is not None:
+            call._client._direct_cancelled(call, self)
+        return True
 
 
 class SubmitMixin:
@@ -89,41 +106,47 @@ class SubmitMixin:
     def _submit_direct(self, call: Call, args: tuple, kwargs: dict, server: ServerInfo | None,
                        timeout: float | None, aggregator: Any) -> None:
         """A submitted call without a task (module docstring): what the task's
-        first step did is done here; the waiter's callback does its last."""
-        fut = self.loop.create_future()
+        first step did is done here; :meth:`_direct_end`, called by the driver
+        when the call ends, does its last."""
+        fut = _DirectFuture(loop=self.loop)
+        fut.call = call
         call._bind(fut)
         self._tasks.add(fut)
-        fut.add_done_callback(functools.partial(self._direct_done, call), context=self._cb_ctx)
         try:
             deadline = None if timeout is None else self.loop.time() + timeout
             encoded = self._encode(call, args, kwargs)
-            flight = self._launch(call, encoded, [] if server is None else [server], server is None, deadline,
-                                  aggregator, None, ())
+            self._launch(call, encoded, [] if server is None else [server], server is None, deadline,
+                         aggregator, None, (), on_end=self._on_direct_end)
         except Exception as exc:  # noqa: BLE001 - too large, not encodable, closed: the call fails, as a task's
-            fut.set_exception(exc)
-            return
-        flight.waiter.add_done_callback(functools.partial(self._direct_settle, call, fut, flight),
-                                        context=self._cb_ctx)
+            if not fut.done():
+                self._direct_set(fut, False, exc)
 
-    def _direct_settle(self, call: Call, fut: asyncio.Future, flight: Flight, waiter: asyncio.Future) -> None:
+    def _direct_end(self, flight: Flight) -> None:
+        """The driver's ``on_end`` of a direct call: its future gets the value or the error."""
+        call = flight.context
+        if call is None:                # cancelled and landed meanwhile (_DirectFuture.cancel)
+            return
         self._landed(call, flight)
-        if fut.done():                  # cancelled meanwhile (its CANCEL went from _direct_done)
-            return
-        if waiter.cancelled():
-            fut.cancel()
-            return
-        ok, value = self._settle(call, waiter.result())
+        fut = call._task
+        if not fut.done():
+            self._direct_set(fut, *self._settle(call, flight.outcome))
+
+    def _direct_set(self, fut: "_DirectFuture", ok: bool, value: Any) -> None:
+        fut.call = None
         if ok:
             fut.set_result(value)
         else:
             fut.set_exception(value)
+            fut.exception()     # retrieved: a failure is reported by its Call, asyncio need not log it
+        self._tasks.discard(fut)
 
-    def _direct_done(self, call: Call, fut: asyncio.Future) -> None:
+    def _direct_cancelled(self, call: Call, fut: "_DirectFuture") -> None:
+        """A direct call's future was cancelled (as a task cancelled while it waits): CANCEL to the server."""
         flight = call._flight
-        if fut.cancelled() and flight is not None:  # as a task cancelled while it waits: CANCEL to the server
+        if flight is not None:
             self._driver.abandon(flight)
             self._landed(call, flight)
-        self._call_task_done(fut)
+        self._tasks.discard(fut)
 
     async def cancel_calls(self, calls, timeout: float | None = None) -> int:
         """Cancel many calls of this client at once and wait until each is over
@@ -193,10 +216,10 @@ class SubmitMixin:
             if size > self.options.max_message_size:
                 raise MessageTooLarge(f"arguments of {call.service} are {size} bytes; the maximum message "
                                       f"size is {self.options.max_message_size} (Client(max_message_size=...))")
-        return tree_args, tree_kwargs, buffers
+        return tree_args, tree_kwargs, buffers or ()     # () : no list kept per call without buffers
 
     def _launch(self, call: Call, encoded: tuple, candidates: list, discover: bool, deadline: float | None,
-                aggregator: Any, keep: dict | None, light) -> Flight:
+                aggregator: Any, keep: dict | None, light, on_end=None) -> Flight:
         """The call machine of ``call`` started in the driver (its CALL or discovery leaves from here)."""
         if self.closed:
             raise CommunicationError("client is closed")
@@ -208,7 +231,7 @@ class SubmitMixin:
             header["keep"] = keep
         machine = CallMachine(call.service, candidates, policy=self._policy, deadline=deadline, new_id=new_id,
                               discover=discover, late_binding=not light)    # data refs: locality decides
-        flight = call._flight = self._driver.launch(machine, header, buffers, call)
+        flight = call._flight = self._driver.launch(machine, header, buffers, call, on_end)
         return flight
 
     def _landed(self, call: Call, flight: Flight) -> None:
@@ -216,8 +239,9 @@ class SubmitMixin:
         # call <-> flight is a reference cycle holding the result's buffers until the
         # cyclic GC runs (measured: 8 MB round trips 3x slower, memory growing 8 MB a call)
         flight.context = None
-        chosen = call.__dict__.pop("_chosen", None)
+        chosen = call._chosen
         if chosen is not None:
+            call._chosen = None
             self._reuse.ended(chosen, failed=server_failed(flight.machine, flight.outcome))
 
     def _settle(self, call: Call, outcome) -> tuple[bool, Any]:

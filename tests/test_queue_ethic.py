@@ -391,3 +391,46 @@ def test_the_settled_shortcut_skips_only_orders_that_decide_nothing(items, slots
     waiting_mandatory = any(not r.optional and r.id not in s.running for r in s.requests.values())
     assert EthicPolicy().settled(s.requests, s.running) is (not waiting_mandatory)
     assert EthicPolicy(accounting="virtual").settled(s.requests, s.running) is False
+
+
+# -- the front without the order (EthicPolicy.front) ---------------------------
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 20), st.sampled_from("abcd")),
+                min_size=0, max_size=30),
+       st.sampled_from([0.0, 2.0, 50.0]), st.integers(1, 4), st.integers(0, 30))
+def test_front_is_the_orders_first_slots_whenever_it_answers(spec, grace, k, now):
+    p = EthicPolicy(kill_grace=grace)
+    rs = [req(f"r{i}", user, optional, float(sub), i) for i, (optional, _, sub, user) in enumerate(spec)]
+    running = {r.id: float(r.submitted) for r, (_, run, _, _) in zip(rs, spec) if run}
+    front = p.front(rs, running, float(now), k)
+    if front is None:
+        # it declines only when ranks 0-1 (running mandatory, waiting mandatory out of grace) are fewer than k
+        top = [r for r in rs if not r.optional and (r.id in running or not p._in_grace(r, float(now)))]
+        assert len(top) < k
+        return
+    allocated = {u: float(ord(u)) for u in "abcd"}
+    assert ids(front) == ids(p.order(rs, running, allocated, float(now), random.Random(1))[:k])
+
+
+def test_front_declines_for_virtual_accounting():
+    p = EthicPolicy(accounting="virtual")
+    assert p.front([req("m1"), req("m2", seq=1)], {}, 0.0, 1) is None
+
+
+def test_a_busy_queue_with_mandatory_calls_waiting_is_not_sorted_at_each_event():
+    """100 optional requests and 3 mandatory ones, one slot: the scheduler knows
+    what runs from the mandatory requests alone (the scale experiment's three
+    SeDs that get every user's mandatory calls sorted ~200 requests per read)."""
+    sched = SedScheduler(EthicPolicy(), max_concurrent=1, rng=random.Random(0))
+    sorted_ = []
+    order = sched.policy.order
+    sched.policy.order = lambda *a: sorted_.append(1) or order(*a)
+    started = []
+    for i in range(3):
+        started += [a.request_id for a in sched.submit(req(f"m{i}", f"u{i}", False, float(i), i), float(i))
+                    if isinstance(a, Start)]
+    for i in range(100):
+        sched.submit(req(f"o{i}", f"u{i}", True, 3.0 + i, 3 + i), 3.0 + i)
+    assert started == ["m0"] and sorted_ == []
+    acts = sched.finished("m0", 200.0)
+    assert [a.request_id for a in acts if isinstance(a, Start)] == ["m1"] and sorted_ == []

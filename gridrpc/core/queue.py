@@ -52,6 +52,10 @@ class QueuePolicy(Protocol):
     ``allocated`` maps user -> server-seconds already given to that user on this
     SeD (finished and killed work, plus the elapsed time of running requests).
     ``rng`` is seeded by the runtime; use it for random tie-breaks.
+
+    Optional: ``front(requests, running, now, k)`` returning the first ``k``
+    of the order when it knows them without ordering (else None), as ethic's
+    does when mandatory requests fill the slots.
     """
     name: ClassVar[str]
 
@@ -275,14 +279,17 @@ class SedScheduler:
         settled = getattr(self.policy, "settled", None)
         if settled is not None and len(self.running) >= self.max_concurrent and settled(self.requests, self.running):
             return []           # every slot busy and nothing waiting may take one: the order cannot change
-        order = self.policy.order(list(self.requests.values()), self.running,
-                                  self.user_allocation(now), now, self.rng)
-        front = {r.id for r in order[: self.max_concurrent]}
+        first = getattr(self.policy, "front", None)     # the order's first slots, when known without it
+        top = first(self.requests.values(), self.running, now, self.max_concurrent) if first else None
+        if top is None:
+            top = self.policy.order(list(self.requests.values()), self.running,
+                                    self.user_allocation(now), now, self.rng)[: self.max_concurrent]
+        front = {r.id for r in top}
         actions: list[Action] = []
         for rid in [rid for rid in self.running if rid not in front]:
             actions.append(Kill(rid, "preempted"))
             self._close(rid, now)
-        for r in order[: self.max_concurrent]:
+        for r in top:
             if r.id not in self.running:
                 self.running[r.id] = now
                 actions.append(Start(r.id))

@@ -134,10 +134,13 @@ def test_a_direct_call_has_no_waiter_and_no_callback_of_its_own(sed_and_loop):
         flight = call._flight
         shape = (flight.waiter, flight.on_end is not None, len(call._task._callbacks or ()))
         await c.cancel_calls([call], timeout=10)
-        return shape, flight.on_end, call.cancelled(), c._tasks
-    (waiter, has_end, callbacks), end_after, cancelled, tasks = lt.run(go())
+        kept = (flight.header, flight.buffers, flight.outcome)
+        return shape, flight.on_end, call.cancelled(), c._tasks, kept, call.timing
+    (waiter, has_end, callbacks), end_after, cancelled, tasks, kept, timing = lt.run(go())
     assert waiter is None and has_end and callbacks == 0
     assert end_after is None and cancelled and not tasks      # called once, then dropped
+    # an ended call keeps neither its CALL header (arguments) nor its outcome; its timing stays
+    assert kept == (None, (), None) and isinstance(timing.get("received"), float)
 
 
 def test_cancel_calls_and_acancel_on_direct_calls(sed_and_loop):

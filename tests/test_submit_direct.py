@@ -233,3 +233,24 @@ def test_a_finished_call_as_an_argument_gives_its_value_or_data_lost(sed_and_loo
                 await c.call("echo", bad, server=where)
         return out
     assert asyncio.run_coroutine_threadsafe(go(), lt.loop).result(30) == [5, 5]
+
+
+def test_cancel_calls_waits_for_every_call_however_it_ends(sed_and_loop):
+    """cancel_calls counts its calls down (a direct call's future tells it, a task
+    gets a callback): it returns once all are over, also when two waits share
+    calls, a call is listed twice, or one was answered before it was cancelled."""
+    lt, sed, c, info = sed_and_loop
+
+    async def go():
+        quick = c.submit_nowait("add", 1, 1, server=info)
+        assert await _until(lambda: quick.done())
+        direct = [c.submit_nowait("sleep", 30, server=info) for _ in range(4)]
+        tasks = [c.submit_nowait("sleep", 30, server=sed.address) for _ in range(2)]     # a name: a task each
+        everything = direct + tasks + [quick, direct[0]]
+        first, second = await asyncio.gather(c.cancel_calls(everything, timeout=20),
+                                             c.cancel_calls(direct[:2], timeout=20))
+        return first, second, [x.done() for x in everything], [x.cancelled() for x in direct + tasks], \
+            await quick
+    first, second, done, cancelled, two = lt.run(go())
+    assert first == 7 and second == 2          # quick was over; direct[0] is listed twice
+    assert all(done) and all(cancelled) and two == 2

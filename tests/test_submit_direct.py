@@ -254,3 +254,27 @@ def test_cancel_calls_waits_for_every_call_however_it_ends(sed_and_loop):
     first, second, done, cancelled, two = lt.run(go())
     assert first == 7 and second == 2          # quick was over; direct[0] is listed twice
     assert all(done) and all(cancelled) and two == 2
+
+
+@pytest.mark.parametrize("how", ["cancel_calls", "acancel"])
+def test_a_call_cancelled_before_its_discovery_starts_leaves_it_serving_the_others(tree, how):
+    """A direct call cancelled in the loop iteration it was submitted ends at
+    once (it was still discovering); the discovery task it started must still
+    serve the call that joined it and the next call of the service (it read the
+    ended call's flight and died, leaving them waiting for ever)."""
+    async def go():
+        errors = []
+        asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: errors.append(ctx.get("exception")))
+        async with gridrpc.AsyncClient(tree.ma_address) as c:
+            first = c.submit_nowait("add", 1, 2)
+            joined = c.submit_nowait("add", 3, 4)        # the same service: it joins first's discovery
+            if how == "acancel":
+                await first.acancel()
+            else:
+                await c.cancel_calls([first])
+            got = await asyncio.wait_for(asyncio.shield(joined._task), 10)
+            after = await asyncio.wait_for(c.call("add", 5, 6), 10)
+            return first.cancelled(), got, after, dict(c._joining), errors
+    cancelled, got, after, joining, errors = asyncio.run(go())
+    assert cancelled and got == 7 and after == 11
+    assert joining == {} and errors == []

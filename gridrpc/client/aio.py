@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import getpass
+import logging
 import os
 from typing import Any
 
@@ -33,6 +34,8 @@ from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, OptionViews
 from .reuse import ReusedAnswers, answer_key
 from .submit import SubmitMixin
+
+log = logging.getLogger(__name__)
 
 
 def default_user() -> str:
@@ -191,33 +194,40 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         return None
 
     def _start_discovery(self, flight: Flight, a: Discover, key: tuple | None) -> None:
-        task = self.loop.create_task(self._discover_for(flight, a, key))
+        # what to ask is read now: the call may end (cancelled) before the task's first step, and an
+        # ended call's flight no longer names it (its discovery still serves the calls that joined it)
+        call = flight.context
+        what = (call.service, call.optional, *getattr(call, "_discovery", (None, self.max_candidates, ())))
+        task = self.loop.create_task(self._discover_for(flight, a, key, what))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _discover_for(self, flight: Flight, a: Discover, key: tuple | None = None) -> None:
+    async def _discover_for(self, flight: Flight, a: Discover, key: tuple | None, what: tuple) -> None:
         """Discover for ``flight`` (and, with a reuse ``key``, for the calls
-        that joined it meanwhile); each gets the answer ranked for itself."""
-        call = flight.context
-        aggregator, k, light = getattr(call, "_discovery", (None, self.max_candidates, ()))
+        that joined it meanwhile); each gets the answer ranked for itself.
+        ``what``: the call's service, optional, aggregator, k and data arguments."""
+        service, optional, aggregator, k, light = what
         servers: list = []
         try:
             if self.closed:
                 raise CommunicationError("client is closed")
-            ask = self._discover_ranked(call.service, k, aggregator, light, call.optional, None)
+            ask = self._discover_ranked(service, k, aggregator, light, optional, None)
             if a.timeout is not None and a.timeout < self.discovery_timeout:
                 servers, from_view = await asyncio.wait_for(ask, max(0.01, a.timeout))
             else:
                 servers, from_view = await ask
         except asyncio.TimeoutError:
             mas = ", ".join(self.master_agents)
-            event: Any = DiscoveryFailed("timeout", f"discovery of {call.service} timed out: the master agent"
+            event: Any = DiscoveryFailed("timeout", f"discovery of {service} timed out: the master agent"
                                          f"{'s' if len(self.master_agents) > 1 else ''} at {mas} did not answer "
                                          f"within {max(0.01, a.timeout or 0):.3g}s")
         except asyncio.CancelledError:      # the client is closing: the calls that joined fail
             event, flight = DiscoveryFailed("communication", "client closed"), None
         except GridRPCError as exc:
             event = DiscoveryFailed(_kind_of(exc), str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the calls waiting on it fail, none hangs
+            log.exception("%s: discovery of %s failed", self.user, service)
+            event = DiscoveryFailed("internal", f"discovery of {service} failed: {exc!r}")
         else:
             event = Discovered(servers)
         reuse = self._reuse

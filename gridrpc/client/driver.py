@@ -51,7 +51,7 @@ class Flight:
     (``waiter``), and the caller's ``context`` (a :class:`gridrpc.Call`).
     ``on_end(flight)``, if given instead of a waiter, is called once when the
     call ends (a submitted call without a task: no future and no callback of
-    its own, gridrpc.client.submit)."""
+    its own, gridrpc.client.submit; :class:`AsyncCallDriver` only)."""
 
     __slots__ = ("machine", "header", "buffers", "context", "waiter", "timer", "outcome", "waiting_until", "at",
                  "on_end")

@@ -78,6 +78,13 @@ class _Countdown:
             self.fut.set_result(None)
 
 
+def _drop(flight: Flight) -> None:
+    """A direct call is over: what only its sending and settling needed goes
+    now, not when its ``Call`` does (a user keeping 14,000 ended calls kept
+    their headers, arguments and outcomes for the cyclic GC to walk)."""
+    flight.header, flight.buffers, flight.outcome = None, (), None
+
+
 def _ended(fut: _DirectFuture) -> None:
     c = fut.countdown
     if c is not None:
@@ -149,15 +156,12 @@ class SubmitMixin:
     def _direct_end(self, flight: Flight) -> None:
         """The driver's ``on_end`` of a direct call: its future gets the value or the error."""
         call = flight.context
-        if call is None:                # cancelled and landed meanwhile (_DirectFuture.cancel)
-            return
-        self._landed(call, flight)
-        fut = call._task
-        if not fut.done():
-            self._direct_set(fut, *self._settle(call, flight.outcome))
-        # over: what only the sending and the settling needed goes now, not when the Call does (a
-        # user keeping 14,000 ended calls kept their headers, arguments and outcomes for the GC to walk)
-        flight.header, flight.buffers, flight.outcome = None, (), None
+        if call is not None:            # (None: cancelled and landed meanwhile, _DirectFuture.cancel)
+            self._landed(call, flight)
+            fut = call._task
+            if not fut.done():
+                self._direct_set(fut, *self._settle(call, flight.outcome))
+        _drop(flight)
 
     def _direct_set(self, fut: "_DirectFuture", ok: bool, value: Any) -> None:
         fut.call = None
@@ -175,6 +179,7 @@ class SubmitMixin:
         if flight is not None:
             self._driver.abandon(flight)
             self._landed(call, flight)
+            _drop(flight)
         self._tasks.discard(fut)
 
     async def cancel_calls(self, calls, timeout: float | None = None) -> int:

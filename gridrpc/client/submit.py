@@ -5,20 +5,23 @@ A call is made in three steps: its arguments encoded (:meth:`_encode`), its
 call machine launched in the driver (:meth:`_launch`: the CALL, or the
 discovery before it, leaves from there), and the machine's outcome turned
 into a value or an exception (:meth:`_settle`). Between the last two, the
-caller waits on the flight's ``waiter``:
+caller waits:
 
 - ``await client.call(...)`` and a submitted call that needs a wait before
   its CALL (a server given by name to resolve, data references or pending
   calls among its arguments, ``keep_result``) run in a coroutine
-  (:meth:`_run`; a task for ``submit``);
+  (:meth:`_run`; a task for ``submit``), awaiting the flight's ``waiter``;
 - any other submitted call (discovery, or a :class:`ServerInfo` from one)
   runs without a task: launched from ``submit_nowait`` itself, its
-  :class:`~gridrpc.client.call.Call` bound to a plain future that a
-  callback on the waiter settles. A burst of 14,100 submitted calls made
-  14,100 tasks, each stepped once to send and once more to end, and a
-  cancelled one raised its exception through two frames the cyclic GC then
-  had to walk (docs/performance.md, "Bursts without a task per call").
-  Both ways give the same results, errors and cancellation.
+  :class:`~gridrpc.client.call.Call` bound to a :class:`_DirectFuture` that
+  the driver settles when the call ends (the flight's ``on_end``, no waiter
+  and no done callback; cancelling the future sends the CANCEL). A burst
+  of 14,100 submitted calls made 14,100 tasks, each stepped once to send
+  and once more to end, and a cancelled one raised its exception through
+  two frames the cyclic GC then had to walk; then two futures and two
+  callbacks per call were half of the objects the GC walked per call in
+  flight (docs/performance.md, "Bursts"). Both ways give the same results,
+  errors and cancellation.
 """
 from __future__ import annotations
 

@@ -65,15 +65,18 @@ class _DirectFuture(asyncio.Future):
 
 
 class _Countdown:
-    """What ``cancel_calls`` waits on: a future set when ``left`` calls have
-    ended. A direct call's future tells it itself (its ``countdown``), with
-    no done callback each: 14,100 of them were a callback, a list and a
-    scheduled handle per call, a fifth of the client's cancellation."""
+    """What ``cancel_calls`` waits on: a future set when ``left`` reaches 0.
+    It starts at 1, a hold its owner releases (``one_ended()``) once every
+    call is counted, so a call that ends while the others are still being
+    cancelled cannot set it early. A direct call's future tells it itself
+    (its ``countdown``), with no done callback each: 14,100 of them were a
+    callback, a list and a scheduled handle per call, a fifth of the
+    client's cancellation."""
 
     __slots__ = ("left", "fut")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.left, self.fut = 0, loop.create_future()
+        self.left, self.fut = 1, loop.create_future()
 
     def one_ended(self, _f: Any = None) -> None:
         self.left -= 1
@@ -197,7 +200,6 @@ class SubmitMixin:
             if call._client is not self:
                 raise ValueError(f"{call!r} belongs to another client (nothing was cancelled)")
         countdown = _Countdown(self.loop)
-        countdown.left = 1          # held until every call is counted (one may end while cancelled here)
         waiting = 0
         for call in calls:
             task = call._task
@@ -215,7 +217,7 @@ class SubmitMixin:
             elif not flight.machine.finished:
                 self._driver.cancel(flight)     # the call fails with CallCancelled when confirmed
             # else: answered, its task has not resumed yet: the answer stands
-        countdown.one_ended()
+        countdown.one_ended()               # every call counted: the hold goes
         if not countdown.fut.done():
             await asyncio.wait([countdown.fut], timeout=timeout)
         return waiting

@@ -155,3 +155,16 @@ class DataAccessDenied(DataError):
 
 
 ERROR_KINDS.update({"data": DataError, "data_lost": DataLost, "data_denied": DataAccessDenied})
+
+#: exception class -> its wire kind (the first kind of ERROR_KINDS naming the class)
+_KIND_OF: dict[type, str] = {cls: kind for kind, cls in reversed(ERROR_KINDS.items())}
+
+
+def wire_kind(exc: BaseException) -> str:
+    """The wire kind an error is answered with (``internal`` for anything not
+    a gridrpc error): the inverse of :data:`ERROR_KINDS`."""
+    for cls in type(exc).__mro__:
+        kind = _KIND_OF.get(cls)
+        if kind is not None:
+            return kind
+    return "internal"

@@ -4,6 +4,12 @@ On the client, ``File(path)`` is read and sent as a binary frame; the service
 receives the path (``str``) of a local copy. A service may return
 ``File(path)``: the client then gets a ``File`` pointing to a local copy in its
 download directory.
+
+A service parameter annotated ``gridrpc.File`` accepts only files sent with
+the call: the SeD refuses a plain string there, so a caller cannot make the
+service open a path of the server's own (``/etc/shadow``, the SeD's keys).
+The service still receives a ``str``: a :class:`FilePath`, the path of the
+copy the SeD wrote in the call's own directory.
 """
 from __future__ import annotations
 
@@ -42,6 +48,19 @@ class File:
         return hash(self.path)
 
 
+class FilePath(str):
+    """The path of a file received with a call, in the call's directory. Only
+    the SeD's file writers make these (never a value from a message), which is
+    what lets a ``gridrpc.File`` parameter tell a sent file from a string."""
+    __slots__ = ()
+
+
+def is_sent_file(value: object) -> bool:
+    """Whether ``value`` is a file sent with the call (a received copy, or a
+    :class:`File` where the back-end hands services ``File`` objects)."""
+    return isinstance(value, (FilePath, File))
+
+
 def read_file(f: File) -> FileRef:
     try:
         return FileRef(name=f.name, data=Path(f.path).read_bytes())
@@ -70,4 +89,4 @@ class FileSink:
         fd, path = tempfile.mkstemp(prefix="", suffix="-" + name, dir=d)
         with os.fdopen(fd, "wb") as fh:
             fh.write(ref.data)
-        return path if self.as_path else File(path)
+        return FilePath(path) if self.as_path else File(path)

@@ -347,12 +347,25 @@ def test_busy_on_the_last_candidate_is_transient():
     assert isinstance(acts[-1], Fail) and isinstance(exc(acts[-1]), NoServerAvailable)
 
 
+def test_runtime_ids_cannot_be_predicted_from_one_another():
+    """Two consecutive ids of one process share the prefix and counter but
+    not the random part: one id seen tells nothing of the next."""
+    from gridrpc.client.ids import new_id
+    ids = [new_id() for _ in range(2000)]
+    assert len(set(ids)) == 2000 and all(valid_id(i) for i in ids)
+    randoms = [i.rsplit(".", 1)[1] for i in ids]
+    assert all(len(r) == 16 for r in randoms) and len(set(randoms)) == 2000
+    # the random parts are not a counter: consecutive ones differ by more than a small step
+    steps = [abs(int(a, 16) - int(b, 16)) for a, b in zip(randoms, randoms[1:])]
+    assert sum(s < 2 ** 32 for s in steps) < 5
+
+
 def test_ids_are_valid_and_unique():
     gen = IdGenerator("0123456789abcdef")
     ids = [gen() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(valid_id(i) for i in ids)
-    assert valid_id(IdGenerator("p" * 104, start=2 ** 95)())
-    for bad in ("a/b", "x" * 105, "é", 5):
+    assert valid_id(IdGenerator("p" * 93, start=2 ** 70, random=lambda: "f" * 16)())
+    for bad in ("a/b", "x" * 94, "é", 5):
         with pytest.raises(ValueError):
             IdGenerator(bad)
 

@@ -118,3 +118,65 @@ def test_held_bytes_count_against_the_users_limit():
         s.add("r-2", "alice", Mode.PERSISTENT, 2000, now=2.0)
     s.add("r-3", "bob", Mode.PERSISTENT, 2000, now=3.0)        # another user's budget
     assert s.held_by_user() == {"alice": 2000, "bob": 2000}
+
+
+# -- fair use between users -------------------------------------------------------------------
+def test_a_put_evicts_its_owners_data_before_anothers():
+    """One user's puts made another's reference DataLost: now a put makes room
+    from its own owner's data first."""
+    s = DataStore(memory_bytes=300)
+    s.add("alice-1", "alice", P, 100, now=1)          # the oldest: LRU's first victim before
+    s.add("mal-1", "mallory", P, 100, now=2)
+    s.add("mal-2", "mallory", P, 100, now=3)
+    _, actions = s.add("mal-3", "mallory", P, 100, now=4)
+    assert [a.ref for a in actions] == ["mal-1"]
+    assert s.check("alice-1", "alice").size == 100
+
+
+def test_data_within_its_users_share_is_never_evicted_for_another():
+    s = DataStore(memory_bytes=300)
+    s.add("alice-1", "alice", P, 100, now=1)          # within alice's share (150 of 300)
+    s.add("mal-1", "mallory", P, 200, now=2)
+    with pytest.raises(DataError, match="other users' data within their share"):
+        s.add("mal-2", "mallory", P, 250, now=3)      # her own 200 are not enough: alice's would go
+    assert s.check("alice-1", "alice").size == 100
+    assert s.check("mal-1", "mallory").size == 200
+    assert s.held_by_user() == {"alice": 100, "mallory": 200}
+
+
+def test_a_user_over_their_share_gives_way_to_another():
+    s = DataStore(memory_bytes=300)
+    s.add("mal-1", "mallory", P, 150, now=1)
+    s.add("mal-2", "mallory", P, 150, now=2)          # mallory holds everything
+    _, actions = s.add("alice-1", "alice", P, 100, now=3)
+    assert [a.ref for a in actions] == ["mal-1"]      # mallory is over her share (150): her oldest goes
+    assert s.held_by_user() == {"mallory": 150, "alice": 100}
+
+
+def test_a_put_that_fits_does_not_sort_the_store(monkeypatch):
+    """Every put sorted every entry: 40,000 small puts slowed a SeD until its
+    parent dropped it. A put within the budget looks at no other entry."""
+    s = DataStore(memory_bytes=10**9, max_bytes_per_user=10**8)
+    for i in range(1000):
+        s.add(f"r{i}", f"u{i % 3}", P, 10, now=i)
+
+    def no_sort(*a, **k):
+        raise AssertionError("a put within the budget sorted the victims")
+    monkeypatch.setattr(s, "_victims", no_sort)
+    monkeypatch.setattr(s, "held_by_user", no_sort)
+    s.add("more", "u1", P, 10, now=2000)
+    assert s.statistics  # the store still answers
+    assert s.check("more", "u1").size == 10
+
+
+def test_held_bytes_follow_every_change():
+    s = DataStore(memory_bytes=200, disk_bytes=100)
+    s.add("a", "u", P, 100, now=1)
+    s.add("b", "v", P, 100, now=2)
+    s.add("c", "u", P, 50, now=3)                     # spills: held bytes unchanged by a spill
+    assert s.held_by_user() == {"u": 150, "v": 100}
+    s.free("a", "u")
+    assert s.held_by_user() == {"u": 50, "v": 100}
+    s.add("vol", "v", Mode.VOLATILE, 10, now=4)
+    s.used_once("vol", now=5)
+    assert s.held_by_user() == {"u": 50, "v": 100}

@@ -22,7 +22,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from urllib.parse import urlparse
 
 import orjson
@@ -35,57 +34,15 @@ from gridrpc.core import messages as m
 from gridrpc.core.messages import MsgType
 from gridrpc.testing import wait_for
 from gridrpc.transport.security import KeyStore, Security
+from tests.raw_peer import ask, closing as _closing, dealer, final as _final, recv, reply_to, secure_args as _secure, send
 
 pytestmark = pytest.mark.real
 
 ROGUE_VALUE = 666            # what a rogue SeD answers to every call
 
 
-# -- raw sockets --------------------------------------------------------------------------
-def _dealer(address: str, options: dict | None = None) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVHWM, 0)
-    for opt, value in (options or {}).items():
-        s.setsockopt(opt, value)
-    s.connect(address)
-    return s
-
-
-def _send(sock: zmq.Socket, header: dict, buffers: list = ()) -> bool:
-    """Never blocks: a DEALER refused by CURVE has no pipe to queue on."""
-    try:
-        sock.send_multipart([orjson.dumps(header), *buffers], flags=zmq.NOBLOCK)
-        return True
-    except zmq.Again:
-        return False
-
-
-def _recv(sock: zmq.Socket, timeout: float) -> dict | None:
-    if not sock.poll(int(timeout * 1000)):
-        return None
-    return orjson.loads(sock.recv_multipart()[0])
-
-
-def _reply_to(sock: zmq.Socket, id_: str, timeout: float, others: list | None = None) -> dict | None:
-    """The next message with id ``id_`` (others are appended to ``others``), or None."""
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        h = _recv(sock, left)
-        if h is None:
-            return None
-        if h.get("id") == id_:
-            return h
-        if others is not None:
-            others.append(h)
-    return None
-
-
-def _ask(sock: zmq.Socket, header: dict, timeout: float = 5.0) -> dict | None:
-    """Send and wait for the answer to that id; None when refused or silent."""
-    if not _send(sock, header):
-        return None
-    return _reply_to(sock, header["id"], timeout)
+# -- raw sockets (tests/raw_peer.py) ------------------------------------------------------
+_dealer, _send, _recv, _reply_to, _ask = dealer, send, recv, reply_to, ask
 
 
 def _register_header(id_: str, name: str, *, kind: str = "sed", address: str = "tcp://127.0.0.1:9",
@@ -131,14 +88,6 @@ def _http(method: str, url: str, headers: dict | None = None, body: bytes | None
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
-
-
-def _secure(keys, parent_key: str | None = None) -> list[str]:
-    """The daemon options for CURVE."""
-    args = ["--keys", str(keys), "--secure"]
-    if parent_key:
-        args += ["--parent-key", parent_key]
-    return args
 
 
 # -- a hand-made element ------------------------------------------------------------------
@@ -272,15 +221,6 @@ class Spammer(threading.Thread):
     def __exit__(self, *exc) -> None:
         self._halt.set()
         self.join(5)
-
-
-@contextmanager
-def _closing(*socks: zmq.Socket):
-    try:
-        yield socks
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _ma_la_sed(pt, *ma_args: str):
@@ -420,15 +360,6 @@ def _owner_call(sed, cid: str, seconds: float) -> zmq.Socket:
     r = _recv(owner, 5)
     assert r is not None and r["type"] == "accepted", f"the owner's call was not accepted: {r}"
     return owner
-
-
-def _final(sock: zmq.Socket, cid: str, timeout: float) -> dict | None:
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        r = _reply_to(sock, cid, left)
-        if r is None or r["type"] != "accepted":
-            return r
-    return None
 
 
 def test_stranger_cannot_cancel_anothers_call(proc_tree):

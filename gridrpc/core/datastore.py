@@ -28,14 +28,26 @@ never a wrong value.
 
 Ownership: a reference is usable only by its owner; :meth:`DataStore.check`
 is the one place that decides (the runtime passes the authenticated user).
+
+Fair use between users: a put makes room by evicting its owner's own data
+first, then the data of users holding more than their share (the whole
+budget split evenly between the users holding data here); a user within
+their share never loses data to another's puts (that put is refused
+instead). ``max_bytes_per_user`` caps what one user holds at all.
+
+Cost: a put that fits in the budget is O(1) (the bytes held per user are
+counted as they change); only a put that must make room sorts the victims.
 """
 from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import DataAccessDenied, DataError, DataLost
+
+_FULL = ("its data budget is full of sticky data, data that pending calls need, or other users' data "
+         "within their share")
 
 __all__ = ["Mode", "Where", "Entry", "DataStore", "Spill", "Evict", "Freed", "MODES", "POLICIES",
            "parse_mode"]
@@ -125,6 +137,7 @@ class DataStore:
         self.used = {Where.MEMORY: 0, Where.DISK: 0}
         self.counts = {"put": 0, "spilled": 0, "evicted": 0, "freed": 0, "refused": 0}
         self._seq = 0
+        self._held: dict[str, int] = {}      # owner -> bytes held (memory and disk), kept as entries change
 
     # -- queries ----------------------------------------------------------------------------
     def __contains__(self, ref: str) -> bool:
@@ -150,11 +163,7 @@ class DataStore:
         return e
 
     def held_by_user(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for e in self.entries.values():
-            if e.where is not Where.PENDING:
-                out[e.owner] = out.get(e.owner, 0) + e.size
-        return out
+        return dict(self._held)
 
     def statistics(self) -> dict:
         return {"refs": len(self.entries), "memory_bytes": self.used[Where.MEMORY],
@@ -187,19 +196,19 @@ class DataStore:
             raise DataError(f"data reference {ref} of {size} bytes exceeds the data budget of {self.holder} "
                             f"({self.memory_bytes} bytes in memory, {self.disk_bytes} on disk)")
         if self.max_bytes_per_user is not None:
-            held = self.held_by_user().get(owner, 0)
+            held = self._held.get(owner, 0)
             if held + size > self.max_bytes_per_user:
                 self.counts["refused"] += 1
                 self._drop_pending(ref, "refused: over its owner's data limit")
                 raise DataError(f"data reference {ref} ({size} bytes) refused on {self.holder}: user {owner!r} "
                                 f"holds {held} bytes here (limit max_bytes_per_user={self.max_bytes_per_user})")
-        evictable = sum(v.size for v in self._victims(Where.MEMORY))
         could_spill = self.disk_bytes and mode is not Mode.STICKY and size <= self.disk_bytes
-        if size > self.memory_bytes - (self.used[Where.MEMORY] - evictable) and not could_spill:
-            self.counts["refused"] += 1          # refuse before evicting anything for nothing
-            self._drop_pending(ref, "refused: the SeD's data budget is full of sticky or in-use data")
-            raise DataError(f"no room for data reference {ref} ({size} bytes) on {self.holder}: its data budget "
-                            "is full of sticky data or data that pending calls need")
+        if self.used[Where.MEMORY] + size > self.memory_bytes and not could_spill:
+            evictable = sum(v.size for v in self._victims(Where.MEMORY, owner))
+            if size > self.memory_bytes - (self.used[Where.MEMORY] - evictable):
+                self.counts["refused"] += 1          # refuse before evicting anything for nothing
+                self._drop_pending(ref, f"refused: {_FULL}")
+                raise DataError(f"no room for data reference {ref} ({size} bytes) on {self.holder}: {_FULL}")
         if e is None:
             self._seq += 1
             e = Entry(id=ref, owner=owner, mode=mode, created=now, seq=self._seq)
@@ -208,19 +217,23 @@ class DataStore:
         self.used[Where.MEMORY] += size
         self.counts["put"] += 1
         e.pins += 1                      # never its own victim
+        self._held[owner] = self._held.get(owner, 0) + size
         try:
-            actions = self._make_room()
+            actions = self._make_room(owner) if self.used[Where.MEMORY] > self.memory_bytes else []
         finally:
             e.pins -= 1
         if self.used[Where.MEMORY] > self.memory_bytes and not (self.disk_bytes and mode is not Mode.STICKY
                                                                  and self._spill_one(e, actions)):
-            # nothing evictable: refuse rather than exceed the budget
+            # nothing evictable: refuse rather than exceed the budget (what was made room for stays done:
+            # the runtime carries out ``refused.actions``)
             self.used[Where.MEMORY] -= size
+            self._unhold(owner, size)
             del self.entries[ref]
-            self._tomb(ref, "refused: the SeD's data budget is full of sticky or in-use data")
+            self._tomb(ref, f"refused: {_FULL}")
             self.counts["refused"] += 1
-            raise DataError(f"no room for data reference {ref} ({size} bytes) on {self.holder}: its data budget "
-                            "is full of sticky data or data that pending calls need")
+            err = DataError(f"no room for data reference {ref} ({size} bytes) on {self.holder}: {_FULL}")
+            err.actions = actions
+            raise err
         return e, actions
 
     def fail(self, ref: str, reason: str) -> None:
@@ -267,10 +280,6 @@ class DataStore:
             raise DataAccessDenied(f"data reference {ref} belongs to another user; {user!r} may not free it")
         return self._remove(e, "freed by its owner")
 
-    def lose_all(self, reason: str) -> None:
-        for e in list(self.entries.values()):
-            self._remove(e, reason)
-
     # -- internals ----------------------------------------------------------------------------
     def _drop_pending(self, ref: str, reason: str) -> None:
         e = self.entries.get(ref)
@@ -278,10 +287,18 @@ class DataStore:
             del self.entries[ref]
             self._tomb(ref, reason)
 
+    def _unhold(self, owner: str, size: int) -> None:
+        left = self._held.get(owner, 0) - size
+        if left > 0:
+            self._held[owner] = left
+        else:
+            self._held.pop(owner, None)
+
     def _remove(self, e: Entry, reason: str) -> Freed:
         where = e.where
         if where is not Where.PENDING:
             self.used[where] -= e.size
+            self._unhold(e.owner, e.size)
         del self.entries[e.id]
         self._tomb(e.id, reason)
         self.counts["freed"] += 1
@@ -300,9 +317,18 @@ class DataStore:
             return (e.seq,)
         return (e.last_used, e.seq)
 
-    def _victims(self, where: Where) -> list[Entry]:
+    def _victims(self, where: Where, for_owner: str | None = None) -> list[Entry]:
+        """What may go to make room, in the order it goes: for a put of
+        ``for_owner``, that owner's own data first, then that of users over
+        their share; never another user's data within their share."""
         c = [e for e in self.entries.values() if e.where is where and e.pins == 0 and e.mode is not Mode.STICKY]
-        c.sort(key=self._key)
+        if for_owner is None:
+            c.sort(key=self._key)
+            return c
+        owners = self._held.keys() | {for_owner}
+        share = (self.memory_bytes + self.disk_bytes) / len(owners)
+        c = [e for e in c if e.owner == for_owner or self._held.get(e.owner, 0) > share]
+        c.sort(key=lambda e: (e.owner != for_owner, self._key(e)))
         return c
 
     def _spill_one(self, e: Entry, actions: list) -> bool:
@@ -315,16 +341,16 @@ class DataStore:
         actions.append(Spill(e.id))
         return True
 
-    def _make_room(self) -> list:
+    def _make_room(self, for_owner: str | None = None) -> list:
         actions: list = []
         mem, disk = Where.MEMORY, Where.DISK
         if self.used[mem] > self.memory_bytes:
-            for v in self._victims(mem):
+            for v in self._victims(mem, for_owner):
                 if self.used[mem] <= self.memory_bytes:
                     break
                 if self.disk_bytes and v.size <= self.disk_bytes:
                     # room on disk: evict disk victims first if needed
-                    for d in self._victims(disk):
+                    for d in self._victims(disk, for_owner):
                         if self.used[disk] + v.size <= self.disk_bytes:
                             break
                         actions.append(self._evict(d, "its spill space was needed"))
@@ -336,6 +362,7 @@ class DataStore:
     def _evict(self, e: Entry, why: str) -> Evict:
         where = e.where
         self.used[where] -= e.size
+        self._unhold(e.owner, e.size)
         del self.entries[e.id]
         reason = f"evicted ({self.policy.upper()}) because {why} (budget {self.memory_bytes} bytes in memory, " \
                  f"{self.disk_bytes} on disk)"

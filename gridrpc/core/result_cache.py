@@ -64,6 +64,7 @@ class ResultCache:
         self._order: collections.deque[str] = collections.deque()
         self._held: set[str] = set()
         self._owners: dict[str, object] = {}      # who may ask again for a finished id
+        self._users: dict[str, str] = {}          # whose result it is (data requests check it)
         self.bytes = 0
         self.dropped = 0
 
@@ -83,14 +84,18 @@ class ResultCache:
         """Who made the call (None: anyone may ask)."""
         return self._owners.get(call_id)
 
+    def user(self, call_id: str) -> str | None:
+        """The user the call was made for, as long as its id is remembered."""
+        return self._users.get(call_id)
+
     def statistics(self) -> CacheStats:
         return CacheStats(answers=len(self._answers), bytes=self.bytes, max_bytes=self.max_bytes,
                           ids=len(self._ids), held=len(self._held), dropped=self.dropped)
 
     # -- changes ------------------------------------------------------------
-    def put(self, call_id: str, frames: list | None, owner: object = None) -> None:
-        """Remember a finished id (made by ``owner``) and, if it fits, its answer."""
-        self.remember(call_id, owner)
+    def put(self, call_id: str, frames: list | None, owner: object = None, user: str | None = None) -> None:
+        """Remember a finished id (made by ``owner`` for ``user``) and, if it fits, its answer."""
+        self.remember(call_id, owner, user)
         old = self._answers.pop(call_id, None)
         if old is not None:
             self.bytes -= old[1]
@@ -114,10 +119,12 @@ class ResultCache:
         self._answers.clear()
         self.bytes = 0
 
-    def remember(self, call_id: str, owner: object = None) -> None:
+    def remember(self, call_id: str, owner: object = None, user: str | None = None) -> None:
         """Remember a finished id (its answer, if any, is given to :meth:`put`)."""
         if owner is not None:
             self._owners[call_id] = owner
+        if user is not None:
+            self._users[call_id] = user
         if call_id in self._ids:
             return
         self._ids.add(call_id)
@@ -142,6 +149,7 @@ class ResultCache:
                 continue
             self._ids.discard(old)
             self._owners.pop(old, None)
+            self._users.pop(old, None)
             e = self._answers.pop(old, None)
             if e is not None:
                 self.bytes -= e[1]

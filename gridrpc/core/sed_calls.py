@@ -224,7 +224,7 @@ class SedCalls:
             actions = self._actions(sch.cancel(call_id, now), now)
         call.ended = now
         self.counts[call.state.value] += 1
-        self.cache.put(call_id, frames, call.owner)
+        self.cache.put(call_id, frames, call.owner, call.user)
         return actions
 
     def tick(self, sed: str, now: float) -> list[Action]:

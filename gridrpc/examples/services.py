@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from gridrpc.files import File
+
 
 def add(x: int, y: int) -> int:
     """Return x + y."""
@@ -42,8 +44,9 @@ def exit(code: int = 1):  # noqa: A001 - the name is part of the API
     os._exit(code)
 
 
-def wc(path: str) -> dict:
-    """Count lines, words and bytes of a file (the argument is a gridrpc.File)."""
+def wc(path: File) -> dict:
+    """Count lines, words and bytes of a file sent with the call (a
+    ``gridrpc.File``; a path string is refused: it would name the server's files)."""
     with open(path, "rb") as fh:
         data = fh.read()
     return {"lines": data.count(b"\n"), "words": len(data.split()), "bytes": len(data)}
@@ -74,9 +77,10 @@ def montecarlo(seed: int, samples: int = 200_000) -> float:
 ALL = ["add", "sleep", "echo", "fail", "dgemm", "exit", "wc", "noop", "montecarlo"]
 
 
-def upper_file(path: str):
-    """Return a gridrpc.File holding the upper-cased content of the given file."""
-    from gridrpc.files import File
+def upper_file(path: File):
+    """Return a gridrpc.File holding the upper-cased content of the file sent
+    with the call (a ``gridrpc.File``; the result is written beside the received
+    copy, in the call's own directory)."""
     out = path + ".upper"
     with open(path, "rb") as src, open(out, "wb") as dst:
         dst.write(src.read().upper())

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,17 +37,24 @@ from ..core import messages as m
 from ..core.datastore import DataStore, Mode, Where, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag, fetch_bytes
+from ..core.tally import tally
 from ..errors import DataAccessDenied, DataError, DataLost, ProtocolError
 from ..transport.channel import Channel
 from ..transport.endpoint import Incoming
-from .data_bytes import HeldBytes, _nbytes
-from .data_calls import CallData
+from .data_bytes import HeldBytes, _nbytes, value_nbytes
+from .data_calls import CallData, _not_yours
 from .data_fetch import Fetching
 
 if TYPE_CHECKING:  # pragma: no cover
     from .server import SeD
 
 __all__ = ["DataConfig", "SedData", "requester"]
+
+#: copies from other SeDs (``data_put`` with a ``source``) one user may have in progress here at once
+MAX_REPLICATIONS_PER_USER = 8
+#: results of calls not yet known here that one user may wait for at once (each holds a future
+#: and a task until ``appear_grace``): a consumer's request may come before its producer's CALL
+MAX_EARLY_WAITS_PER_USER = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,12 +96,16 @@ class SedData(HeldBytes, Fetching, CallData):
         self.values: dict[str, tuple[Any, list]] = {}          # ref -> (tree, buffers) in memory
         self.files: dict[str, tuple[Any, list[int], str]] = {}  # ref -> (tree, sizes, path) spilled
         self.appear: dict[str, list[asyncio.Future]] = {}       # ref -> waiters (pending or not yet known)
-        self.call_waiters: dict[str, list[asyncio.Future]] = {}  # call id -> waiters of its result
-        self.call_owner: OrderedDict[str, str] = OrderedDict()
+        self.call_waiters: dict[str, list[tuple[asyncio.Future, str]]] = {}  # call id -> (waiter, its user)
+        self._early_waits: dict[str, int] = {}                   # user -> waits for calls not yet known
+        self._replicating: dict[str, int] = {}                   # user -> data_put copies in progress
         self.resolving: dict[str, tuple[Any, asyncio.Task]] = {}  # call id -> (call, task) fetching inputs
         self.keeps: dict[str, tuple[str, Mode]] = {}
         self.pins: dict[str, list[str]] = {}                     # call id -> local refs it pinned
-        self._peers: dict[str, Channel] = {}
+        self._peers: dict[str, Channel] = {}                    # holder address -> channel, least recent first
+        self._peer_busy: dict[str, int] = {}                   # requests in flight per holder
+        self._peer_used: dict[str, float] = {}                 # when each holder was last used (monotonic)
+        self._peer_sweep: asyncio.TimerHandle | None = None
         self._requests: dict[str, asyncio.Future] = {}
         self._heard: dict[str, float] = {}
         self._files = 0
@@ -127,16 +137,21 @@ class SedData(HeldBytes, Fetching, CallData):
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
         if h.get("source") is not None:
+            if self._replicating.get(user, 0) >= MAX_REPLICATIONS_PER_USER:
+                raise DataError(f"user {user!r} already has {MAX_REPLICATIONS_PER_USER} copies from other "
+                                f"SeDs in progress on SeD {self.sed.name}; wait for one to end")
+            tally(self._replicating, user, 1)
             self.sed._spawn(self._replicate_in(msg, user, mode))
             return
         buffers = [f.buffer if hasattr(f, "buffer") else f for f in msg.buffers]
         self._store_value(msg, h["ref"], user, mode, h.get("value"), buffers)
 
     def _store_value(self, msg: Incoming, ref: str, user: str, mode: Mode, tree: Any, buffers: list) -> None:
-        size = sum(_nbytes(b) for b in buffers)
+        size = value_nbytes(tree, buffers)
         try:
             _, actions = self.store.add(ref, user, mode, size, time.time())
         except DataError as exc:
+            self._carry_out(getattr(exc, "actions", ()))
             self.sed.endpoint.reply(msg, m.error_header(msg.id, "data", str(exc), type_=type(exc).__name__))
             return
         self._keep_bytes(ref, tree, buffers, actions)
@@ -149,12 +164,15 @@ class SedData(HeldBytes, Fetching, CallData):
         ref = msg.header["ref"]
         try:
             tree, buffers = await self.fetch(RefTag({"id": ref, "holder": src["name"], "address": src["address"],
-                                                     "replicas": [], "call": False}), user)
+                                                     "replicas": [], "call": False}), user,
+                                             wait=self.config.appear_grace)
         except DataError as exc:
             kind = "data_denied" if isinstance(exc, DataAccessDenied) else "data_lost" if isinstance(
                 exc, DataLost) else "data"
             self.sed.endpoint.reply(msg, m.error_header(msg.id, kind, str(exc), type_=type(exc).__name__))
             return
+        finally:
+            tally(self._replicating, user, -1)
         self._store_value(msg, ref, user, mode, tree, buffers)
 
     def _on_get(self, msg: Incoming) -> None:
@@ -185,18 +203,36 @@ class SedData(HeldBytes, Fetching, CallData):
             self._carry_out(self.store.used_once(ref, time.time()))
 
     async def _call_result(self, cid: str, user: str, wait: float) -> tuple[Any, list, str]:
-        owner = self.call_owner.get(cid)
+        owner = self.call_user(cid)
         if owner is not None and owner != user:
-            raise DataAccessDenied(f"the result of call {cid} belongs to another user; {user!r} may not use it")
-        if cid in self.sed.calls or cid in self.resolving or (owner is None and wait > 0):
+            raise _not_yours(cid, user)
+        live = cid in self.sed.calls or cid in self.resolving
+        if live or (owner is None and wait > 0):
+            early = not live        # the call may arrive after its consumer's request: wait a little, bounded
+            if early and self._early_waits.get(user, 0) >= MAX_EARLY_WAITS_PER_USER:
+                raise DataError(f"user {user!r} already waits for {MAX_EARLY_WAITS_PER_USER} results of calls "
+                                f"not yet known on SeD {self.sed.name}")
             fut = asyncio.get_running_loop().create_future()
-            self.call_waiters.setdefault(cid, []).append(fut)
-            limit = wait if (cid in self.sed.calls or cid in self.resolving) else min(wait, self.config.appear_grace)
+            self.call_waiters.setdefault(cid, []).append((fut, user))
+            limit = wait if live else min(wait, self.config.appear_grace)
+            if early:
+                tally(self._early_waits, user, 1)
             try:
                 tree, buffers = await asyncio.wait_for(fut, limit)
                 return tree, buffers, "volatile"
             except asyncio.TimeoutError:
                 pass
+            finally:
+                if early:
+                    tally(self._early_waits, user, -1)
+                waiters = self.call_waiters.get(cid)
+                if waiters is not None:
+                    waiters[:] = [w for w in waiters if w[0] is not fut]
+                    if not waiters:
+                        del self.call_waiters[cid]
+            owner = self.call_user(cid)
+            if owner is not None and owner != user:
+                raise _not_yours(cid, user)
         frames = self.sed.lifecycle.cache.answer(cid)
         if frames is None:
             raise DataLost(f"the result of call {cid} is no longer kept on SeD {self.sed.name} (or the call is "
@@ -222,6 +258,8 @@ class SedData(HeldBytes, Fetching, CallData):
         self.sed.endpoint.reply(msg, m.make(MsgType.DATA, msg.id, ref=ref, holder=self._holder_name(msg.header)))
 
     async def close(self) -> None:
+        if self._peer_sweep is not None:
+            self._peer_sweep.cancel()
         for ch in self._peers.values():
             ch.close()
         for fut in self._requests.values():

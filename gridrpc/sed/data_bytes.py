@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any
 
+import orjson
+
 from ..core.datastore import Evict, Freed, Mode, Spill, Where
 from ..errors import DataError, DataLost
 
@@ -26,6 +28,15 @@ log = logging.getLogger("gridrpc.sed.data")      # the data runtime's one logger
 def _nbytes(b) -> int:
     return b.nbytes if isinstance(b, memoryview) else len(memoryview(b).cast("B")) if not isinstance(
         b, (bytes, bytearray)) else len(b)
+
+
+def value_nbytes(tree: Any, buffers: list) -> int:
+    """What a value held here costs: its binary buffers and its JSON part
+    (a string or a list is as large as it is, not 0)."""
+    n = sum(_nbytes(b) for b in buffers)
+    if tree is not None:
+        n += len(orjson.dumps(tree))
+    return n
 
 
 class HeldBytes:

@@ -6,8 +6,14 @@ waiters of a result are woken, or told why it will not come.
 
 :class:`CallData` holds those hooks, called by the SeD's call runtime
 (:mod:`gridrpc.sed.calls`); :class:`~gridrpc.sed.data.SedData` inherits them
-and owns the state (``call_owner``, ``call_waiters``, ``resolving``,
-``keeps``, ``pins``).
+and owns the state (``call_waiters``, ``resolving``, ``keeps``, ``pins``).
+
+The result of a call is its user's only: a ``data_get`` for it is refused to
+anyone else, also when it waits for a call that has not arrived yet (the
+waiter's user is checked again when the call ends). The owner is read from
+the call itself while it lives and from the result cache after (its ids are
+bounded, held answers never forgotten), so ownership is never lost while a
+result can still be reached.
 """
 from __future__ import annotations
 
@@ -21,23 +27,34 @@ from ..core.datastore import Mode, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag, find_refs, substitute
 from ..errors import DataAccessDenied, DataError, DataLost, InvalidArgument
-from .data_bytes import _nbytes
+from .data_bytes import value_nbytes
 
 _RESULT = MsgType.RESULT.value
 
 __all__ = ["CallData"]
 
 
+def _not_yours(cid: str, user: str) -> DataAccessDenied:
+    return DataAccessDenied(f"the result of call {cid} belongs to another user; {user!r} may not use it")
+
+
 class CallData:
     """The call hooks of :class:`~gridrpc.sed.data.SedData`."""
+
+    def call_user(self, cid: str) -> str | None:
+        """Whose result call ``cid``'s is (None: no such call known here)."""
+        live = self.sed.calls.get(cid)
+        if live is not None:
+            return live.user
+        item = self.resolving.get(cid)
+        if item is not None:
+            return item[0].user
+        return self.sed.lifecycle.cache.user(cid)
 
     def on_call(self, call, header: dict) -> bool:
         """A new call (decoded, checked). Registers its kept result; True if
         its inputs must be resolved first (then it is acknowledged here and
         admitted later)."""
-        self.call_owner[call.id] = call.user
-        while len(self.call_owner) > 100_000:
-            self.call_owner.popitem(last=False)
         keep = header.get("keep")
         if keep is not None:
             mode = parse_mode(keep["mode"])
@@ -113,7 +130,7 @@ class CallData:
         if keep is not None:
             self.store.fail(keep[0], message)
             self._wake(keep[0])
-        for fut in self.call_waiters.pop(cid, []):
+        for fut, _user in self.call_waiters.pop(cid, []):
             if not fut.done():
                 fut.set_exception(DataLost(message))
 
@@ -123,10 +140,12 @@ class CallData:
         is_result = header.get("type") == _RESULT
         waiters = self.call_waiters.pop(call.id, [])
         if waiters:
-            for fut in waiters:
+            for fut, user in waiters:
                 if fut.done():
                     continue
-                if is_result:
+                if user != call.user:
+                    fut.set_exception(_not_yours(call.id, user))
+                elif is_result:
                     fut.set_result((header.get("value"), list(buffers)))
                 else:
                     err = header.get("error") or {}
@@ -143,10 +162,11 @@ class CallData:
         self.keeps.pop(call.id, None)
         ref, mode = keep
         tree, buffers = header.get("value"), list(buffers)
-        size = sum(_nbytes(b) for b in buffers)
+        size = value_nbytes(tree, buffers)
         try:
             _, actions = self.store.add(ref, call.user, mode, size, time.time())
         except DataError as exc:
+            self._carry_out(getattr(exc, "actions", ()))
             self._wake(ref)
             return (m.error_header(call.id, "data", str(exc), type_=type(exc).__name__,
                                    **{k: header[k] for k in ("server", "timing") if k in header}), [], False)

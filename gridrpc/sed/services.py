@@ -14,6 +14,7 @@ import numbers
 import numpy as np
 
 from ..core.refs import RefTag
+from ..files import File, is_sent_file
 from ..errors import ConfigError, InvalidArgument
 
 _SIMPLE = {int: (numbers.Integral,), float: (numbers.Real,), str: (str,), bool: (bool,), bytes: (bytes,),
@@ -145,11 +146,14 @@ def _bind(sig: inspect.Signature, args: list, kwargs: dict) -> tuple[dict, list[
 
 def _checker(ann: Any) -> tuple[str, Callable[[Any], bool]] | None:
     """(description, test) for the annotations we can check: int, float,
-    complex, bool, str, bytes, list, dict, tuple, None, numpy arrays
+    complex, bool, str, bytes, list, dict, tuple, None, ``gridrpc.File``
+    (a file sent with the call, never a path string), numpy arrays
     (``np.ndarray``, ``numpy.typing.NDArray[...]``) and unions of those.
     Anything else (``Any``, ``list[int]``, user classes, ...) is not checked."""
     if ann is None or ann is type(None):
         return "None", lambda v: v is None
+    if ann is File:
+        return "a gridrpc.File sent with the call", is_sent_file
     ok_types = _SIMPLE.get(ann) if isinstance(ann, type) else None
     if ok_types is not None:
         if ann in (int, float, complex):

@@ -35,7 +35,7 @@ import zmq
 
 from ..core import messages as m
 from ..core.messages import MsgType
-from ..errors import GridRPCError, InvalidArgument, ProtocolError
+from ..errors import GridRPCError, InvalidArgument, ProtocolError, wire_kind
 from .channel import Channel, bind_router, context, has_big
 
 #: largest frame an agent accepts (headers, subtree lists); SeDs pass their own
@@ -100,7 +100,7 @@ class RateLimitedLog:
         self.in_window = 0
         self.suppressed = 0
 
-    def __call__(self, level: int, fmt: str, *args) -> bool:
+    def __call__(self, level: int, fmt: str, *args, **kwargs) -> bool:
         now = self.clock()
         if now - self.window_start >= self.interval:
             if self.suppressed:
@@ -109,7 +109,7 @@ class RateLimitedLog:
             self.window_start, self.in_window, self.suppressed = now, 0, 0
         if self.in_window < self.burst:
             self.in_window += 1
-            self.logger.log(level, fmt, *args)
+            self.logger.log(level, fmt, *args, **kwargs)
             return True
         self.suppressed += 1
         return False
@@ -375,11 +375,31 @@ class Endpoint:
             kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
             self.bad_log(logging.WARNING, "%s: bad %s %s: %s", self.name, msg.type.value, msg.id, exc)
             self.reply_error(msg, kind, f"bad {msg.type.value}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a handler bug: answer, log, keep serving
+        except GridRPCError as exc:
+            # a request this element refuses (a limit, data it does not hold): answered with its kind
+            self.bad_log(logging.INFO, "%s: %s %s refused: %s", self.name, msg.type.value, msg.id,
+                         _short(str(exc)))
+            self.reply_error(msg, wire_kind(exc), _short(str(exc)), type_=type(exc).__name__)
+        except RecursionError:
+            # nested beyond what this element walks: the sender's fault, whatever handler met it
+            self.stats.bad_messages += 1
+            self.bad_log(logging.WARNING, "%s: bad %s %s: nested too deeply", self.name, msg.type.value, msg.id)
+            self.reply_error(msg, "invalid_argument", f"bad {msg.type.value}: values nested too deeply",
+                             type_="InvalidArgument")
+        except Exception as exc:  # noqa: BLE001 - a handler bug: answer, log (bounded), keep serving
             self.stats.handler_errors += 1
-            log.exception("%s: error while handling %s %s", self.name, msg.type.value, msg.id)
+            self.bad_log(logging.ERROR, "%s: error while handling %s %s: %s: %s", self.name, msg.type.value,
+                         msg.id, type(exc).__name__, _short(str(exc)), exc_info=True)
             self.reply_error(msg, "internal", f"{self.what} failed to handle {msg.type.value}: "
-                                              f"{type(exc).__name__}: {exc}")
+                                              f"{type(exc).__name__}: {_short(str(exc))}")
+
+
+#: longest error text put in an answer or a log line
+MAX_ERROR_TEXT = 1000
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "..."
 
 
 def _safe_id(frames: list) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import codec
-from ...files import safe_file_name
+from ...files import FilePath, safe_file_name
 
 __all__ = ["safe_name", "write_json", "read_json", "write_buffers", "read_buffers",
            "write_call", "read_call", "write_result", "write_error", "read_outcome", "Outcome",
@@ -222,7 +222,7 @@ class LaterFiles:
         self.directory, self.pending = directory, pending
 
     def __call__(self, ref) -> str:
-        path = os.path.join(self.directory, f"f{len(self.pending)}-{safe_file_name(ref.name)}")
+        path = FilePath(os.path.join(self.directory, f"f{len(self.pending)}-{safe_file_name(ref.name)}"))
         self.pending.append((path, ref.data))
         return path
 

@@ -1,0 +1,235 @@
+"""What one authenticated user could do to another, replayed against real
+daemons on real sockets, in plain mode and under CURVE (user keys).
+
+Each test sends what a hostile user sent (raw ZeroMQ where the attack needs
+it) and asserts that the victim keeps its results, its call ids and its
+server, while the attacker gets a clear refusal.
+"""
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+import gridrpc
+from gridrpc.core import messages as m
+from gridrpc.core.messages import MsgType
+from gridrpc.testing import wait_for
+from gridrpc.transport.security import KeyStore, Security
+from tests.proc_tree import ProcTree
+from tests.raw_peer import ask, closing, dealer, final, replies, reply_to, secure_args, send
+
+pytestmark = pytest.mark.real
+
+USERS = ("alice", "mallory")
+
+
+class Site:
+    """MA -> sed-1 (example services) as processes, plain or under CURVE."""
+
+    def __init__(self, tmp, secure: bool, *sed_args: str) -> None:
+        self.secure = secure
+        self.pt = ProcTree(tmp)
+        self.keys = None
+        ma_args: list[str] = []
+        sed_extra: list[str] = []
+        if secure:
+            store = self.store = KeyStore(tmp / "keys")
+            for name in ("MA", "sed-1"):
+                store.create(name, "element")
+            for u in USERS:
+                store.create(u, "user")
+            self.keys = str(store.dir)
+            ma_args = secure_args(store.dir)
+            sed_extra = secure_args(store.dir, parent_key="MA")
+        try:
+            self.ma = self.pt.start("ma", "MA", *ma_args)
+            self.sed = self.pt.sed("sed-1", self.ma.address, *sed_extra, *sed_args)
+            with self.client("alice") as c:
+                def found():
+                    try:
+                        return c.discover("add", 1) != []
+                    except (gridrpc.ServiceNotFound, gridrpc.NoServerAvailable):
+                        return False
+                wait_for(found, 20, "sed-1 registered")
+        except BaseException:
+            self.pt.stop()
+            raise
+
+    def client(self, user: str) -> gridrpc.Client:
+        if self.secure:
+            return gridrpc.Client(self.ma.address, keys=self.keys, key=user, user=user)
+        return gridrpc.Client(self.ma.address, user=user)
+
+    def raw(self, user: str):
+        """A raw socket to sed-1 speaking as ``user`` (its key under CURVE)."""
+        opts = None
+        if self.secure:
+            opts = Security(keys=self.store, name=user, role="user").client_options(
+                self.store.public("sed-1", "element"))
+        return dealer(self.sed.address, opts)
+
+    def close(self) -> None:
+        self.pt.stop()
+
+
+@pytest.fixture(params=["plain", "secure"])
+def site(request, tmp_path):
+    s = Site(tmp_path, request.param == "secure")
+    yield s
+    s.close()
+
+
+def _call(cid: str, service: str, *args, user: str) -> dict:
+    return {"v": 1, "type": "call", "id": cid, "service": service, "args": list(args), "kwargs": {},
+            "sed": "sed-1", "user": user}
+
+
+# == 1. waiting for another user's result ====================================================
+def test_a_user_cannot_wait_for_anothers_result(site):
+    """Attack: a ``data_get`` with ``call: true`` and ``wait`` for a call id
+    not seen yet registered a waiter; when the victim's call with that id
+    ended, the waiter got its result. Now the waiter is refused at the end
+    (the result's user is checked again) and the victim gets its result."""
+    cid = "alice-next-7f3"
+    with closing(site.raw("alice"), site.raw("mallory")) as (alice, mallory):
+        waits = [f"steal-{i}" for i in range(20)]
+        for w in waits:
+            assert send(mallory, m.make(MsgType.DATA_GET, w, ref=cid, call=True, wait=10, user="mallory"))
+        time.sleep(0.3)                 # the waits are registered before the victim's call arrives
+        assert send(alice, _call(cid, "echo", "SECRET-of-alice-42", user="alice"))
+        got = final(alice, cid, 10)
+        assert got is not None and got["type"] == "result" and got["value"] == "SECRET-of-alice-42", got
+        answers = [reply_to(mallory, w, 10) for w in waits]
+        assert all(a is not None for a in answers), "a waiter was never answered"
+        assert not [a for a in answers if a["type"] == "data" or "SECRET" in str(a.get("value"))], \
+            "another user received alice's result"
+        assert {a["error"]["kind"] for a in answers} == {"data_denied"}, answers[0]
+        # and once the result is kept, a direct request is refused too
+        r = ask(mallory, m.make(MsgType.DATA_GET, "steal-after", ref=cid, call=True, wait=0, user="mallory"))
+        assert r is not None and r["type"] == "error" and r["error"]["kind"] == "data_denied", r
+
+
+# == 2. call-id squatting ==================================================================
+def test_call_ids_cannot_be_taken_before_their_owner(site):
+    """Attack: one id of alice's seen (the dashboard's events show them),
+    mallory computed alice's next ids (a prefix and a counter) and sent CALLs
+    with them first; alice's own calls then failed with ``Refused: call id
+    ... belongs to another client``. Ids now carry a random part per call:
+    the predicted ids are not alice's, and her calls succeed."""
+    with site.client("alice") as a, closing(site.raw("mallory")) as (mallory,):
+        seen = a.submit("add", 1, 1)
+        assert seen.result(10) == 2
+        head, dot, _rand = seen.id.partition(".")
+        prefix, counter = head[:16], int(head[16:], 16)
+        predicted = [f"{prefix}{counter + k:x}" + (dot + _rand if dot else "") for k in range(1, 61)]
+        for cid in predicted:
+            assert send(mallory, _call(cid, "sleep", 0.0, user="mallory"))
+        for cid in predicted[-1:]:
+            assert final(mallory, cid, 10) is not None
+        results = [a.call("add", i, 1) for i in range(40)]
+        assert results == [i + 1 for i in range(40)]
+
+
+# == 3. sockets to data sources =============================================================
+def _fds(pid: int) -> int:
+    return psutil.Process(pid).num_fds()
+
+
+def test_data_sources_cannot_exhaust_a_seds_descriptors(site):
+    """Attack: every ``data_put`` with a new ``source`` address opened a
+    socket that was never closed; 1,100 of them locked new clients out of a
+    SeD with 1,024 descriptors. Now only tcp:// addresses are accepted, the
+    connections to holders are pooled and bounded, copies in progress are
+    bounded per user, and the SeD keeps serving."""
+    base = _fds(site.sed.pid)
+    with closing(site.raw("mallory")) as (mallory,):
+        n = 300
+        for i in range(n):      # plain mode: each under another user name, as a forger would
+            user = "mallory" if site.secure else f"mallory{i}"
+            assert send(mallory, m.make(MsgType.DATA_PUT, f"p{i}", ref=f"r-{i}", user=user,
+                                        source={"name": "sed-9", "address": f"tcp://127.0.0.1:{20000 + i}"}))
+        time.sleep(1.0)                 # every put read and its copy started (or refused)
+        peak = _fds(site.sed.pid)
+        answers = list(replies(mallory, [f"p{i}" for i in range(n)], 40).values())
+        assert len(answers) == n, f"{n - len(answers)} puts never answered"
+        assert all(a["type"] == "error" for a in answers), [a for a in answers if a["type"] != "error"][:2]
+        assert peak - base < 100, f"SeD descriptors grew from {base} to {peak}"
+        limits = [a for a in answers if "limit" in a["error"]["message"] or "already" in a["error"]["message"]]
+        assert limits, "no answer named the limit"
+        r = ask(mallory, m.make(MsgType.DATA_PUT, "p-ipc", ref="r-ipc", user="mallory",
+                                source={"name": "sed-9", "address": "ipc:///tmp/anything.sock"}))
+        assert r is not None and r["type"] == "error" and "tcp://host:port" in r["error"]["message"], r
+    with site.client("alice") as c:
+        assert c.call("add", 2, 3) == 5
+
+
+# == 4. example services that opened any path ================================================
+def test_example_file_services_take_files_not_paths(site, tmp_path):
+    """Attack: ``wc('/etc/shadow')`` answered and ``upper_file(<the MA's
+    secret key>)`` returned it upper-cased. The file services now take a
+    ``gridrpc.File`` sent with the call; a path string is refused before it
+    runs, and nothing is written beside the named file."""
+    victim = tmp_path / "secret.txt"
+    victim.write_text("do not read me\n")
+    with site.client("mallory") as c:
+        for svc in ("wc", "upper_file"):
+            for path in ("/etc/passwd", str(victim)):
+                with pytest.raises(gridrpc.InvalidArgument, match="gridrpc.File"):
+                    c.call(svc, path)
+        assert not (tmp_path / "secret.txt.upper").exists()
+        mine = tmp_path / "mine.txt"
+        mine.write_text("two words\nthree more words\n")
+        assert c.call("wc", gridrpc.File(mine)) == {"lines": 2, "words": 5, "bytes": 27}
+        out = c.call("upper_file", gridrpc.File(mine))
+        assert open(out, "rb").read() == b"TWO WORDS\nTHREE MORE WORDS\n"
+
+
+# == 7. handler errors answered and logged within bounds =====================================
+def test_deep_nesting_is_an_invalid_argument_and_logs_little(site):
+    """Attack: deeply nested arguments raised RecursionError in a handler;
+    each 1.3 KB message was answered ``internal`` with a 185 KB traceback in
+    the log. Now each is answered ``invalid_argument`` and the log grows by a
+    bounded amount."""
+    deep = "[" * 900 + "]" * 900
+    with closing(site.raw("mallory")) as (mallory,):
+        before = site.sed.log.stat().st_size
+        for i in range(60):
+            mallory.send_multipart([(f'{{"v":1,"type":"call","id":"deep-{i}","service":"echo",'
+                                     f'"args":[{deep}],"kwargs":{{}},"sed":"sed-1","user":"mallory"}}').encode()])
+        answers = list(replies(mallory, [f"deep-{i}" for i in range(60)], 20).values())
+        assert len(answers) == 60 and all(a["type"] == "error" for a in answers), answers[:2]
+        assert {a["error"]["kind"] for a in answers} <= {"invalid_argument", "protocol"}, \
+            {a["error"]["kind"] for a in answers}
+        assert all(len(a["error"]["message"]) < 2000 for a in answers)
+        time.sleep(0.5)
+        grown = site.sed.log.stat().st_size - before
+        assert grown < 20_000, f"the SeD's log grew by {grown} bytes for 60 bad messages"
+    with site.client("alice") as c:
+        assert c.call("add", 2, 3) == 5
+
+
+# == 5 and 9. data held by its real size, and fairly between users ===========================
+@pytest.fixture(params=["plain", "secure"])
+def small_data_site(request, tmp_path):
+    s = Site(tmp_path, request.param == "secure", "--data-memory-bytes", "1000000")
+    yield s
+    s.close()
+
+
+def test_data_is_counted_by_its_real_size_and_shared_fairly(small_data_site):
+    """Attacks: strings were held as 0 bytes (six 100 MB strings under a 50 MB
+    budget), and one user's puts evicted another's reference (DataLost). Now
+    a string counts what it weighs, and a user within their share keeps it."""
+    site = small_data_site
+    with site.client("alice") as a, site.client("mallory") as b:
+        with pytest.raises(gridrpc.DataError, match="exceeds the data budget"):
+            b.put("x" * 2_000_000, server="sed-1")
+        mine = a.put("a" * 300_000, server="sed-1")
+        for _ in range(12):
+            try:
+                b.put(b"m" * 100_000, server="sed-1")
+            except gridrpc.DataError:
+                pass                    # refused once her own data cannot make room: fine
+        assert a.get(mine) == "a" * 300_000

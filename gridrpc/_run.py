@@ -72,10 +72,33 @@ def settle_gc() -> None:
     gc.freeze()
 
 
+#: descriptors a daemon asks for at start (within the hard limit)
+WANTED_DESCRIPTORS = 65536
+
+
+def raise_descriptor_limit(wanted: int = WANTED_DESCRIPTORS) -> int:
+    """Raise the soft limit of open descriptors towards the hard one and
+    return it. Every peer connection (idle or before authentication
+    included) holds a descriptor; at a soft limit of 1,024 (a common
+    default) 1,100 idle connections to an agent's port left libzmq unable to
+    accept new clients, spinning on ``EMFILE``."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):      # not allowed here: keep what we have
+            log.debug("cannot raise the descriptor limit to %d", target)
+    return soft
+
+
 def run_daemon(daemon, ready: "callable | None" = None) -> None:
     """Serve until SIGTERM (returns) or SIGINT (exits 130 after a clean stop).
     Exceptions from ``daemon.start()`` propagate after ``aclose()``."""
     got: list[int] = []
+    raise_descriptor_limit()
 
     async def main():
         stop = asyncio.Event()

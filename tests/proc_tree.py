@@ -2,6 +2,7 @@
 free loopback ports, each reporting its address through a ready file."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -60,6 +61,11 @@ class Proc:
                 self.popen.wait(5)
 
 
+def _nofile(n: int) -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
 class ProcTree:
     """Start elements one by one; ``stop()`` kills all (by PID) in reverse order."""
 
@@ -69,7 +75,8 @@ class ProcTree:
         self.procs: list[Proc] = []
 
     def start(self, kind: str, name: str, *args: str, parent: str | None = None, port: int = 0,
-              wait: bool = True) -> Proc:
+              wait: bool = True, nofile: int | None = None) -> Proc:
+        """``nofile``: the daemon starts with this soft limit of open descriptors."""
         ready = self.tmp / f"{name}.{len(self.procs)}.ready"
         log = self.tmp / f"{name}.{len(self.procs)}.log"
         cmd = [sys.executable, "-m", "gridrpc", kind, "--name", name, "--port", str(port),
@@ -78,7 +85,8 @@ class ProcTree:
         if parent:
             cmd += ["--parent", parent]
         with open(log, "wb") as out:
-            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 preexec_fn=None if nofile is None else functools.partial(_nofile, nofile))
         proc = Proc(name, p, ready, log)
         self.procs.append(proc)
         return proc.wait_ready() if wait else proc

@@ -7,6 +7,7 @@ server, while the attacker gets a clear refusal.
 """
 from __future__ import annotations
 
+import socket
 import time
 
 import psutil
@@ -28,7 +29,7 @@ USERS = ("alice", "mallory")
 class Site:
     """MA -> sed-1 (example services) as processes, plain or under CURVE."""
 
-    def __init__(self, tmp, secure: bool, *sed_args: str) -> None:
+    def __init__(self, tmp, secure: bool, *sed_args: str, nofile: int | None = None) -> None:
         self.secure = secure
         self.pt = ProcTree(tmp)
         self.keys = None
@@ -44,7 +45,7 @@ class Site:
             ma_args = secure_args(store.dir)
             sed_extra = secure_args(store.dir, parent_key="MA")
         try:
-            self.ma = self.pt.start("ma", "MA", *ma_args)
+            self.ma = self.pt.start("ma", "MA", *ma_args, nofile=nofile)
             self.sed = self.pt.sed("sed-1", self.ma.address, *sed_extra, *sed_args)
             with self.client("alice") as c:
                 def found():
@@ -233,3 +234,31 @@ def test_data_is_counted_by_its_real_size_and_shared_fairly(small_data_site):
             except gridrpc.DataError:
                 pass                    # refused once her own data cannot make room: fine
         assert a.get(mine) == "a" * 300_000
+
+
+# == 8. connections before authentication ===================================================
+@pytest.fixture(params=["plain", "secure"])
+def low_limit_site(request, tmp_path):
+    s = Site(tmp_path, request.param == "secure", nofile=1024)
+    yield s
+    s.close()
+
+
+def test_idle_connections_do_not_lock_users_out(low_limit_site):
+    """Attack: 1,100 idle TCP connections to the MA's port (before any
+    handshake) against a 1,024-descriptor limit: the MA spun at 100 % CPU and
+    other users timed out. Now a daemon raises its descriptor limit at start
+    and closes connections that do not complete their handshake in 5 s."""
+    site = low_limit_site
+    host, port = site.ma.address[len("tcp://"):].rsplit(":", 1)
+    idle = []
+    try:
+        for _ in range(1100):
+            idle.append(socket.create_connection((host, int(port)), timeout=5))
+        with site.client("alice") as c:
+            assert c.call("add", 1, 2) == 3
+        ma = psutil.Process(site.ma.pid)
+        wait_for(lambda: ma.num_fds() < 500, 15, "the idle connections closed by the MA")
+    finally:
+        for s in idle:
+            s.close()

@@ -24,6 +24,8 @@ from ..errors import CommunicationError
 
 log = logging.getLogger(__name__)
 ZERO_COPY_THRESHOLD = 64 * 1024
+#: how long a peer has to complete its handshake on a bound socket (milliseconds)
+HANDSHAKE_MS = 5000
 
 
 def has_big(frames) -> bool:
@@ -76,6 +78,9 @@ def bind_router(address: str, *, mandatory: bool = True,
     if mandatory:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    # a connection that has not completed its ZMTP (and CURVE) handshake in this time is closed:
+    # idle connections before authentication cannot hold descriptors for long
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
     # No ZMQ heartbeats on the bound side: with a bounded receive queue, libzmq
     # 4.3.5 aborts ("Assertion failed: !_io_error", stream_engine_base.cpp)
     # when a heartbeat timer fires on a connection whose input was stopped by

@@ -297,3 +297,20 @@ def test_owner_is_the_parent_of_direct_children(owner):
     r = ChildRegistry(owner)
     r.register(b"1", sed_header("s"), 0.0)
     assert r.elements(None)[0]["parent"] == owner
+
+
+def test_a_heartbeat_cannot_describe_a_subtree_that_takes_others_names():
+    """Attack: a rogue child registered under a free name, then heartbeated
+    ``elements`` naming another child's SeD (and the agent itself); the agent
+    listed the forged element and routed that name's calls to it."""
+    r = ChildRegistry("MA")
+    r.register(b"r1", la_header("LA1", [("sed-1", ["add"])]), now=1.0)
+    r.register(b"r2", la_header("rogue", []), now=1.0)
+    forged = [{"name": n, "parent": "rogue", "kind": "sed", "services": ["add"], "state": "alive"}
+              for n in ("sed-1", "MA", "LA1", "rogue-sed")]
+    assert r.heartbeat(b"r2", {"name": "rogue", "elements": forged}, now=2.0)
+    assert r.owner_of("sed-1") == "LA1" and r.owner_of("MA") is None and r.owner_of("LA1") == "LA1"
+    assert [e["name"] for e in r.children["rogue"].elements] == ["rogue-sed"]
+    names = [e["name"] for e in r.elements(now=2.0)]
+    assert names.count("sed-1") == 1 and "MA" not in names and names.count("LA1") == 1
+    assert r.catalogue()["add"]["servers"].count("sed-1") == 1

@@ -262,3 +262,36 @@ def test_idle_connections_do_not_lock_users_out(low_limit_site):
     finally:
         for s in idle:
             s.close()
+
+
+# == 12. a forged subtree in a heartbeat =====================================================
+@pytest.fixture
+def plain_site(tmp_path):
+    s = Site(tmp_path, secure=False)
+    yield s
+    s.close()
+
+
+def test_a_heartbeat_cannot_take_a_live_sed_s_name(plain_site):
+    """Attack (plain mode): a rogue child registered under a free name, then
+    heartbeated ``elements`` describing ``sed-1`` at its own address; the MA
+    listed it and sent sed-1's named calls there. Now the forged elements are
+    left out: the tree has one sed-1, at its real address, and its calls
+    reach it. (Under CURVE only element keys register at all:
+    tests/test_security_attacks_open.py.)"""
+    site = plain_site
+    rogue = dealer(site.ma.address)
+    with closing(rogue):
+        r = ask(rogue, m.make(MsgType.REGISTER, "reg-rogue", name="rogue", kind="la", address="tcp://127.0.0.1:9",
+                              host="127.0.0.1", pid=4242, started=time.time(), services=[], elements=[]))
+        assert r is not None and r["type"] == "registered", r
+        forged = [{"name": "sed-1", "parent": "rogue", "kind": "sed", "address": "tcp://127.0.0.1:9",
+                   "services": ["add"], "state": "alive"}]
+        for i in range(5):
+            assert send(rogue, m.make(MsgType.HEARTBEAT, f"hb-{i}", name="rogue", elements=forged))
+            time.sleep(0.05)
+        with site.client("alice") as c:
+            tree = c.tree()
+            seds = [e for e in tree if e.get("name") == "sed-1"]
+            assert len(seds) == 1 and seds[0]["address"] == site.sed.address, seds
+            assert [c.call("add", i, 1, server="sed-1") for i in range(5)] == [1, 2, 3, 4, 5]

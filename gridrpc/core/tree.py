@@ -123,11 +123,22 @@ class ChildRegistry:
         if isinstance(header.get("load"), dict):
             child.load = header["load"]
         if isinstance(header.get("elements"), list):
-            elements = [e for e in header["elements"] if isinstance(e, dict)]   # as in register
+            # as in register, and a heartbeat cannot take names it did not register with: elements
+            # named like this agent or held by another child's subtree are left out (names are unique
+            # in a tree; only REGISTER is checked for conflicts, and answered when it has one)
+            elements = [e for e in header["elements"] if isinstance(e, dict) and self._may_name(child.name, e)]
             if _shape(child.elements) != _shape(elements):
                 self._changed(child.name, child.elements, elements)
             child.elements = elements
         return True
+
+    def _may_name(self, child: str, element: dict) -> bool:
+        """Whether ``child``'s subtree may hold an element of this name."""
+        n = element.get("name")
+        if not isinstance(n, str) or n == self.owner:
+            return False
+        holder = self.owner_of(n)
+        return holder is None or holder == child
 
     def remove(self, name: str) -> bool:
         if self.children.pop(name, None) is not None:

@@ -8,6 +8,7 @@
     ├── ServiceNotFound           no server in the tree offers the service
     ├── NoServerAvailable         the service exists but no server answered / all failed
     ├── CommunicationError        a peer could not be reached or vanished
+    │   └── AuthenticationError   a secure peer refused the handshake (key refused, missing or wrong)
     ├── ServerLost                a non-idempotent call's server died after the call started
     ├── Timeout (also TimeoutError)
     ├── CallCancelled             the call was cancelled (work stopped on the server)
@@ -47,6 +48,12 @@ class NoServerAvailable(GridRPCError):
 
 class CommunicationError(GridRPCError):
     pass
+
+
+class AuthenticationError(CommunicationError):
+    """The CURVE handshake with a peer failed: the message says whether the
+    peer refused this side's key, this side gave no key to a secure peer, or
+    the peer's public key given to this side is wrong."""
 
 
 class ServerLost(GridRPCError):
@@ -154,7 +161,8 @@ class DataAccessDenied(DataError):
     """A data reference used by a user who does not own it."""
 
 
-ERROR_KINDS.update({"data": DataError, "data_lost": DataLost, "data_denied": DataAccessDenied})
+ERROR_KINDS.update({"data": DataError, "data_lost": DataLost, "data_denied": DataAccessDenied,
+                    "authentication": AuthenticationError})
 
 #: exception class -> its wire kind (the first kind of ERROR_KINDS naming the class)
 _KIND_OF: dict[type, str] = {cls: kind for kind, cls in reversed(ERROR_KINDS.items())}

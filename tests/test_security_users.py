@@ -295,3 +295,46 @@ def test_a_heartbeat_cannot_take_a_live_sed_s_name(plain_site):
             seds = [e for e in tree if e.get("name") == "sed-1"]
             assert len(seds) == 1 and seds[0]["address"] == site.sed.address, seds
             assert [c.call("add", i, 1, server="sed-1") for i in range(5)] == [1, 2, 3, 4, 5]
+
+
+# == 10. errors that name the key problem ====================================================
+@pytest.fixture
+def secure_site(tmp_path):
+    s = Site(tmp_path, secure=True)
+    yield s
+    s.close()
+
+
+def test_key_problems_are_named_within_the_discovery_timeout(secure_site, tmp_path):
+    """A client with an unknown key, with no key, or with the wrong MA key got
+    only "master agent ... did not answer within 5.0s" after 10 s. Each now
+    gets an AuthenticationError saying which, well within the timeout."""
+    site = secure_site
+    stranger = KeyStore(tmp_path / "stranger")
+    stranger.create("eve", "user")
+    cases = {
+        "refused this client's key": dict(keys=str(stranger.dir), key="eve",
+                                          ma_key=site.store.public("MA", "element").decode()),
+        "gave no key": dict(),
+        "does not match": dict(keys=site.keys, key="alice", ma_key=site.store.public("sed-1", "element").decode()),
+    }
+    for expected, kw in cases.items():
+        t0 = time.monotonic()
+        with gridrpc.Client(site.ma.address, discovery_timeout=5, **kw) as c:
+            with pytest.raises(gridrpc.CommunicationError, match=expected) as info:
+                c.call("add", 1, 2)
+        assert type(info.value).__name__ == "AuthenticationError", info.value
+        assert time.monotonic() - t0 < 3, f"{expected}: took {time.monotonic() - t0:.1f}s"
+    with site.client("alice") as c:           # and a good key still works
+        assert c.call("add", 1, 2) == 3
+
+
+def test_direct_calls_under_curve_work_before_any_discovery(secure_site):
+    """A call to a ``ServerInfo`` (or a handle bound by address) made before
+    any discovery failed with "public key ... unknown": the client now asks
+    the MA for the SeD's key first."""
+    site = secure_site
+    with site.client("alice") as c:
+        assert c.call("add", 1, 2, server=gridrpc.ServerInfo(name="sed-1", address=site.sed.address)) == 3
+    with site.client("alice") as c:
+        assert c.handle("add", server=site.sed.address)(2, 2) == 4

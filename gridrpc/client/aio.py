@@ -24,9 +24,10 @@ from typing import Any
 from ..core import codec
 from ..address import parse_addresses
 from ..core.call import Discover, Discovered, DiscoveryFailed, SendCall
-from ..errors import ERROR_KINDS, CommunicationError, GridRPCError
+from ..errors import CommunicationError, GridRPCError, wire_kind
 from ..files import FileSink
 from ..transport.channel import Channel, connect_dealer
+from ..transport.handshake import HandshakeWatch
 from .call import Call, ServerInfo
 from .driver import AsyncCallDriver, Flight
 from .ids import new_id
@@ -65,6 +66,7 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
                                          else [master_agent] if master_agent else [])
         self.master_agent = self.master_agents[0] if self.master_agents else None
         self._mas: list[Channel] = []
+        self._ma_watches: list[HandshakeWatch] = []   # each MA link's handshake outcome (key problems)
         self._ma_current = 0
         self.user = self.options.user or default_user()
         self.sink = FileSink(self.options.download_dir)
@@ -95,7 +97,10 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         for i, addr in enumerate(self.master_agents):
             opts = (self._security.client_options(self._ma_public[i if len(self._ma_public) > 1 else 0])
                     if self._security is not None else None)
-            self._mas.append(Channel(connect_dealer(addr, options=opts), functools.partial(self._on_ma, i),
+            watch: list[HandshakeWatch] = []
+            sock = connect_dealer(addr, options=opts, before_connect=lambda s: watch.append(HandshakeWatch(s)))
+            self._ma_watches.append(watch[0])
+            self._mas.append(Channel(sock, functools.partial(self._on_ma, i),
                                      name=f"client->MA{i}" if i else "client->MA"))
         self._ma = self._mas[0] if self._mas else None
         return self
@@ -124,6 +129,8 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             await asyncio.gather(*tasks, return_exceptions=True)
         if getattr(self, "_data_client", None) is not None:
             self._data_client.close()
+        for w in self._ma_watches:
+            w.close()
         for ch in self._mas:
             ch.close()
         for ch in self._seds.values():
@@ -141,10 +148,11 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         return await run_optional(self, service, mandatory, optional, deadline, max_servers, **kw)
 
     async def _candidates(self, call: Call, server, aggregator, args=()) -> list[ServerInfo]:
-        if isinstance(server, ServerInfo):
-            return [server]
-        if isinstance(server, str):
-            return [await self.resolve(server)]
+        if isinstance(server, (ServerInfo, str)):
+            info = server if isinstance(server, ServerInfo) else await self.resolve(server)
+            if self._security is not None and info.address not in self._server_keys:
+                await self.dealer_options(info.address)     # under CURVE its key comes from the MA
+            return [info]
         return await self.discover(call.service, self.max_candidates if self.failover else 1,
                                    aggregator=aggregator, args=args, optional=call.optional)
 
@@ -303,12 +311,8 @@ def _kind_of(exc: GridRPCError) -> str:
     kind = getattr(exc, "kind", None)
     if isinstance(kind, str):
         return kind
-    if isinstance(exc, CommunicationError):
-        return "communication"
-    for kind, cls in ERROR_KINDS.items():
-        if type(exc) is cls:
-            return kind
-    return "remote"
+    kind = wire_kind(exc)
+    return "remote" if kind == "internal" else kind
 
 
 def _data():

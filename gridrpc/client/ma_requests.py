@@ -20,11 +20,16 @@ from typing import Any
 from ..core import codec
 from ..core import messages as m
 from ..core.messages import MsgType
-from ..errors import CommunicationError, NoServerAvailable, ProtocolError, ServiceNotFound, error_from_wire
+from ..errors import (AuthenticationError, CommunicationError, NoServerAvailable, ProtocolError, ServiceNotFound,
+                      error_from_wire)
+from ..transport.handshake import explain
 from .call import ServerInfo
 from .ids import new_id
 
 __all__ = ["MasterAgentRequests"]
+
+#: while waiting for the master agent, how often its handshake is checked for a refused key (seconds)
+HANDSHAKE_CHECK_S = 0.25
 
 log = logging.getLogger("gridrpc.client.aio")      # the asyncio client's one logger
 
@@ -71,21 +76,37 @@ class MasterAgentRequests:
                 except CommunicationError:
                     continue
                 left = end - self.loop.time()
-                wait = left if k == n - 1 else min(left, self.MA_HEDGE_S)
-                if wait <= 0:
-                    break
-                done, _ = await asyncio.wait([fut], timeout=wait)
+                if k == n - 1 or left <= 0:
+                    break                       # the last MA asked: wait below
+                done, _ = await asyncio.wait([fut], timeout=min(left, self.MA_HEDGE_S))
                 if done:
                     return fut.result()
-            left = end - self.loop.time()
-            if left > 0:
-                return await asyncio.wait_for(asyncio.shield(fut), left)
+            while (left := end - self.loop.time()) > 0:
+                done, _ = await asyncio.wait([fut], timeout=min(left, HANDSHAKE_CHECK_S))
+                if done:
+                    return fut.result()
+                self._raise_if_refused()        # a key problem is known at once: no need to wait it out
             raise asyncio.TimeoutError
         except asyncio.TimeoutError:
+            self._raise_if_refused()
             raise CommunicationError(f"the master agent{'s' if n > 1 else ''} at "
                                      f"{', '.join(self.master_agents)} did not answer within {timeout}s") from None
         finally:
             self._pending.pop(header["id"], None)
+
+    def _raise_if_refused(self) -> None:
+        """AuthenticationError when every master agent failed its handshake
+        with this client (and none succeeded since): says why."""
+        watches = getattr(self, "_ma_watches", ())
+        if not watches:
+            return
+        failures = [w.failed() for w in watches]
+        if any(f is None for f in failures):
+            return
+        key = self._security.name if self._security is not None else None
+        reasons = [explain(f, what=f"the master agent at {a}", secure=self._security is not None, key=key)
+                   for f, a in zip(failures, self.master_agents)]
+        raise AuthenticationError("; ".join(dict.fromkeys(reasons)))
 
     async def discover(self, service: str, max_servers: int = 10, *, aggregator: Any = None,
                        args: tuple = (), optional: bool = False,

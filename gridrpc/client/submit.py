@@ -129,7 +129,8 @@ class SubmitMixin:
         call = Call(self, service, self.loop)
         call.optional = bool(optional)
         timeout = timeout if timeout is not None else self.timeout
-        if (not keep_result and (server is None or type(server) is ServerInfo)
+        if (not keep_result and (server is None or (type(server) is ServerInfo and (
+                self._security is None or server.address in self._server_keys)))
                 and not ((args or kwargs) and _data().has_data(args, kwargs))):
             self._submit_direct(call, args, kwargs, server, timeout, aggregator)
             return call

@@ -109,10 +109,13 @@ def routing_id() -> bytes:
 
 
 def connect_dealer(address: str, identity: bytes | None = None, immediate: bool = False,
-                   options: dict | None = None) -> zmq.Socket:
+                   options: dict | None = None,
+                   before_connect: "Callable[[zmq.Socket], None] | None" = None) -> zmq.Socket:
     """A DEALER connected to ``address``. ``immediate``: queue messages only on
     completed connections (sends fail at once while the peer is absent).
-    ``options``: more socket options set before connect (e.g. CURVE)."""
+    ``options``: more socket options set before connect (e.g. CURVE).
+    ``before_connect``: called with the socket just before it connects (a
+    monitor must be attached then to see the first handshake)."""
     sock = context().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 100000)
@@ -125,6 +128,8 @@ def connect_dealer(address: str, identity: bytes | None = None, immediate: bool 
         sock.setsockopt(zmq.IMMEDIATE, 1)
     for opt, value in (options or {}).items():
         sock.setsockopt(opt, value)
+    if before_connect is not None:
+        before_connect(sock)
     try:
         sock.connect(address)
     except zmq.ZMQError as exc:

@@ -93,3 +93,29 @@ def test_a_promise_of_a_cancelled_request_is_forgotten():
     sch.cancel("r1", 3.5)
     assert sch.finished("r0", 4.0) == [Start("r2")]
     assert sch._promised is None
+
+
+def test_with_several_users_the_named_request_is_the_fair_one_and_the_promise_holds():
+    """With several users waiting, the request named is the one the fair
+    rule picks now; promised, it is what the next end starts."""
+    rng = random.Random(11)
+    checks = 0
+    for trial in range(200):
+        sch = SedScheduler(make_policy("fcfs"), max_concurrent=rng.choice([1, 2]))
+        now, n = 0.0, 0
+        for step in range(40):
+            now += rng.random() * 0.01
+            if rng.random() < 0.6:
+                n += 1
+                sch.submit(_req(n, now, user=rng.choice("abc")), now)
+            elif sch.running:
+                sch.finished(rng.choice(sorted(sch.running)), now)
+            named = sch.next_waiting()
+            if named is None:
+                continue
+            probe = copy.deepcopy(sch)
+            probe.promise_next(named)
+            starts = [a.request_id for a in probe.finished(rng.choice(sorted(probe.running)), now) if isinstance(a, Start)]
+            assert starts[:1] == [named]
+            checks += 1
+    assert checks > 300

@@ -215,3 +215,77 @@ def test_property_fcfs_invariants(max_concurrent, events):
         assert len(s.running) == min(max_concurrent, len(s.requests))
     assert len(starts) == len(set(starts))                  # never started twice
     assert sum(s.user_allocation(now).values()) <= now * max_concurrent + 1e-9
+
+
+# -- fair between users -----------------------------------------------------------------------
+def test_a_flooding_user_does_not_make_another_wait_behind_the_flood():
+    s = fcfs(1)
+    for i in range(50):
+        s.submit(req(f"m{i}", user="mallory", submitted=i * 0.001), i * 0.001)
+    s.submit(req("a0", user="alice", submitted=1.0), 1.0)
+    assert started(s.finished("m0", 2.0)) == ["a0"]          # alice's only call is next, not m1
+    assert started(s.finished("a0", 3.0)) == ["m1"]
+
+
+def test_round_robin_between_users_in_arrival_order_within_each():
+    s = fcfs(2)
+    for i in range(4):
+        s.submit(req(f"m{i}", user="mallory", submitted=i), i)
+    for i in range(2):
+        s.submit(req(f"a{i}", user="alice", submitted=10 + i), 10 + i)
+    s.submit(req("b0", user="bob", submitted=20), 20)
+    order = []
+    for t in range(30, 37):
+        rid = sorted(s.running, key=s.running.get)[0]
+        order += started(s.finished(rid, t))
+    # m0, m1 run first; then a free slot goes to the user with the fewest running, and on ties to
+    # the one whose turn came longest ago: alice, bob, mallory, alice, mallory
+    assert order == ["a0", "b0", "m2", "a1", "m3"]
+
+
+def test_policy_order_interleaves_users_by_round():
+    p = FCFSPolicy()
+    reqs = [req("m1", "mallory", 1.0, seq=2), req("m2", "mallory", 2.0, seq=3), req("a1", "alice", 3.0, seq=4),
+            req("m0", "mallory", 0.0, seq=1)]
+    order = p.order(reqs, {"m0": 0.5}, {}, 5.0, random.Random(0))
+    assert [r.id for r in order] == ["m0", "a1", "m1", "m2"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3),
+       st.lists(st.tuples(st.sampled_from(["submit", "finish", "cancel"]), st.integers(0, 9),
+                          st.sampled_from(["u1", "u2", "u3"])), max_size=60))
+def test_property_a_start_goes_to_a_user_with_the_fewest_running(max_concurrent, events):
+    """Whatever arrives, ends or is cancelled, a request starts only if no
+    other user with a request waiting has fewer running, and within a user in
+    arrival order."""
+    s = fcfs(max_concurrent)
+    seen: set[str] = set()
+    now = 0.0
+    for kind, i, user in events:
+        now += 1.0
+        rid = f"r{i}"
+        before_running = {u: sum(1 for r in s.running if s.requests[r].user == u) for u in ("u1", "u2", "u3")}
+        before_waiting = {r.user: r for r in sorted(s.waiting(), key=lambda r: (r.submitted, r.seq))[::-1]}
+        if kind == "submit":
+            if rid in seen:
+                continue
+            seen.add(rid)
+            acts = s.submit(req(rid, user=user, submitted=now), now)
+            before_waiting.setdefault(user, s.requests[rid])
+        elif kind == "finish":
+            if rid not in s.running:
+                continue
+            done_user = s.requests[rid].user
+            acts = s.finished(rid, now)
+            before_running[done_user] -= 1
+        else:
+            acts = s.cancel(rid, now)
+        for a in started(acts):
+            u = s.requests[a].user
+            assert before_waiting[u].id == a                       # the user's earliest waiting request
+            others = [before_running[v] for v in before_waiting if v != u]
+            assert all(before_running[u] <= n for n in others), (a, before_running)
+            before_running[u] += 1
+            del before_waiting[u]
+        assert len(s.running) == min(max_concurrent, len(s.requests))

@@ -82,7 +82,7 @@ def _sim(scenario, **kw):
 def test_sim_virtual_accounting_is_fairer_on_day_regular():
     cumulative = _sim("day-regular", queue="ethic")
     virtual = _sim("day-regular", queue="ethic", queue_options={"accounting": "virtual"})
-    legacy = _sim("day-regular", queue="fcfs", n_submit=190)
+    legacy = _sim("day-regular", queue="fifo", n_submit=190)
     assert cumulative.unhappy_users == virtual.unhappy_users == 0
     # newcomers monopolise freed slots with cumulative accounting
     assert cumulative.unfairness > 0.6
@@ -94,5 +94,5 @@ def test_sim_virtual_accounting_is_fairer_on_day_regular():
 def test_sim_night_simultaneous_matches_the_ideal():
     m = _sim("night-simultaneous", queue="ethic")
     assert m.unhappy_users == 0 and m.unfairness < 0.05
-    legacy = _sim("night-simultaneous", queue="fcfs", n_submit=190)
+    legacy = _sim("night-simultaneous", queue="fifo", n_submit=190)
     assert legacy.unhappy_users >= 3 and legacy.unfairness > 1

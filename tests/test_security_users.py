@@ -338,3 +338,20 @@ def test_direct_calls_under_curve_work_before_any_discovery(secure_site):
         assert c.call("add", 1, 2, server=gridrpc.ServerInfo(name="sed-1", address=site.sed.address)) == 3
     with site.client("alice") as c:
         assert c.handle("add", server=site.sed.address)(2, 2) == 4
+
+
+# == 9. fair service between users ==========================================================
+def test_a_users_flood_does_not_delay_another_users_call(site):
+    """Attack: 10,000 queued calls from one user and the next user's call
+    waited behind all of them (FCFS). Now a SeD's FCFS queue serves users in
+    turn: alice's call runs as soon as the running one ends."""
+    with site.client("mallory") as b, site.client("alice") as a:
+        flood = [b.submit("sleep", 0.05, server="sed-1") for _ in range(200)]
+        wait_for(lambda: all(c.server for c in flood[:5]), 10, "the flood queued")
+        t0 = time.monotonic()
+        assert a.call("add", 1, 2, server="sed-1") == 3
+        waited = time.monotonic() - t0
+        done = sum(1 for c in flood if c.done())
+        assert done <= 5, f"alice's call waited behind {done} of mallory's calls ({waited:.2f} s)"
+        for c in flood:
+            c.cancel()

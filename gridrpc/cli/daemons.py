@@ -130,7 +130,7 @@ def add_daemon_parsers(sub) -> None:
                         "on_orphan=kill|finish|auto (a call whose client is gone)")
     p.add_argument("--examples", action="store_true", help="offer every example service")
     p.add_argument("--max-concurrent", type=int, default=1, help="calls running at once per SeD (default 1)")
-    p.add_argument("--queue", default="fcfs", help="queue policy: fcfs (default) or ethic")
+    p.add_argument("--queue", default="fcfs", help="queue policy: fcfs (default: first come, first served per user, users in turn), ethic (fair optional computations) or fifo (one arrival order for all users)")
     p.add_argument("--kill-grace", type=float, default=None,
                    help="ethic queue: seconds a new mandatory call waits before preempting optional ones")
     p.add_argument("--gather", type=float, default=None, metavar="SECONDS",

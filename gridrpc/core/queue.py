@@ -11,7 +11,9 @@ requests pushed out of it (preemption). FCFS never preempts because it puts
 running requests first.
 
 Policies are small classes behind :class:`QueuePolicy`, registered by name in
-:data:`POLICIES` (``fcfs`` here, ``ethic`` in :mod:`gridrpc.core.queue_ethic`).
+:data:`POLICIES` (``fcfs`` — first come, first served per user, users in
+turn — and ``fifo`` — one arrival order for everyone — here, ``ethic`` in
+:mod:`gridrpc.core.queue_ethic`).
 """
 from __future__ import annotations
 
@@ -65,20 +67,55 @@ class QueuePolicy(Protocol):
 
 
 class FCFSPolicy:
-    """First come, first served: running requests first (never preempted),
-    then waiting requests by arrival. Optional requests are treated like any
-    other. Simple and predictable; unfair when one user floods the queue."""
+    """First come, first served per user, round-robin between users. Running
+    requests are never preempted. When a slot frees, the scheduler starts
+    the earliest request of the user with the fewest running, on ties the
+    user whose turn came longest ago. With one user it is plain FCFS; with
+    several, a user who queued 10,000 calls does not make the next user wait
+    behind them: each user's next request takes the next free slot in turn.
+    Optional requests are treated like any other.
+
+    :meth:`order` (used only when arrivals came out of submit order, e.g. a
+    clock step) is the same rule without the turn history: waiting requests
+    by round (a user's k-th waiting request is in round k plus that user's
+    running requests), then by arrival."""
     name: ClassVar[str] = "fcfs"
-    # running requests are never pushed off the front and waiting ones start in
-    # arrival order: the scheduler can skip the full sort (O(1) per event)
+    # running requests are never pushed off the front and each user's requests start in their
+    # arrival order: the scheduler picks the next one itself, without the full sort (O(users) per
+    # event, O(1) with one user waiting)
     arrival_order: ClassVar[bool] = True
+
+    def order(self, requests, running, allocated, now, rng):
+        run = sorted((r for r in requests if r.id in running), key=lambda r: (running[r.id], r.submitted, r.seq))
+        wait = sorted((r for r in requests if r.id not in running), key=lambda r: (r.submitted, r.seq))
+        rounds: dict[str, int] = {}
+        for r in run:
+            rounds[r.user] = rounds.get(r.user, 0) + 1
+        keyed = []
+        for i, r in enumerate(wait):
+            k = rounds.get(r.user, 0)
+            rounds[r.user] = k + 1
+            keyed.append((k, i))
+        keyed.sort()
+        return run + [wait[i] for _, i in keyed]
+
+
+class FIFOPolicy:
+    """One queue in arrival order, whoever sent the requests (DIET's FCFS):
+    running requests first (never preempted), then waiting requests by
+    arrival. A user who floods the queue makes every later user wait behind
+    the flood; kept as the baseline of the optional-computation experiments
+    (their "legacy" SeDs), not for shared trees."""
+    name: ClassVar[str] = "fifo"
+    arrival_order: ClassVar[bool] = True
+    between_users: ClassVar[str] = "arrival"     # no turns between users: the earliest request first
 
     def order(self, requests, running, allocated, now, rng):
         return sorted(requests, key=lambda r: (r.id not in running,
                                                running.get(r.id, 0.0), r.submitted, r.seq))
 
 
-POLICIES: dict[str, type] = {"fcfs": FCFSPolicy}
+POLICIES: dict[str, type] = {"fcfs": FCFSPolicy, "fifo": FIFOPolicy}
 
 
 def register_policy(cls: type) -> type:
@@ -116,6 +153,10 @@ class SedScheduler:
     _paused: bool = False                # between pause() and resume(): nothing starts
     _dirty: bool = False                 # something changed while paused
     _promised: str | None = None         # starts next, whatever arrives meanwhile (promise_next)
+    _waiting: dict = field(default_factory=dict)     # user -> {waiting request id: None}, in arrival order
+    _busy: dict = field(default_factory=dict)        # user -> requests running
+    _turn: dict = field(default_factory=dict)        # user -> when it last started a request (start count)
+    _starts: int = 0
 
     def pause(self) -> None:
         """Take several inputs as one (a batch of messages): until
@@ -149,6 +190,11 @@ class SedScheduler:
             req = Request(id=req.id, user=req.user, service=req.service, optional=req.optional,
                           submitted=req.submitted, seq=self._seq)
         self.requests[req.id] = req
+        w = self._waiting.get(req.user)
+        if w is None:
+            self._waiting[req.user] = {req.id: None}
+        else:
+            w[req.id] = None
         if req.submitted < self._last_submitted:
             self._in_submit_order = False     # e.g. a clock step: fall back to the full sort
         self._last_submitted = max(self._last_submitted, req.submitted)
@@ -194,18 +240,17 @@ class SedScheduler:
 
     # -- queries --------------------------------------------------------
     def next_waiting(self) -> str | None:
-        """The request that will start when a running one ends, when that is
-        already certain: an arrival-ordered queue (FCFS) with every slot
-        busy, arrivals in submit order. None otherwise (other policies decide
-        at the end; a later arrival may come first). A pause changes nothing
-        to it: a slot freed during one (a cancel) leaves fewer running."""
+        """The request that will start when a running one ends: an
+        arrival-ordered queue (FCFS) with every slot busy, arrivals in submit
+        order. None otherwise (other policies decide at the end; a later
+        arrival may come first). Certain with one user waiting; with several,
+        it is the fair choice as things stand, and :meth:`promise_next` makes
+        it so. A pause changes nothing to it: a slot freed during one (a
+        cancel) leaves fewer running."""
         if (not self._in_submit_order or len(self.running) < self.max_concurrent
-                or not getattr(self.policy, "arrival_order", False)):
+                or not getattr(self.policy, "arrival_order", False) or not self._waiting):
             return None
-        for rid in self.requests:          # arrival order: the running ones come first
-            if rid not in self.running:
-                return rid
-        return None
+        return self._next_fair()
 
     def promise_next(self, request_id: str) -> None:
         """``request_id`` (what :meth:`next_waiting` named) starts when the
@@ -231,8 +276,53 @@ class SedScheduler:
                 "allocated": dict(self.allocated)}
 
     # -- internals ------------------------------------------------------
+    def _next_fair(self) -> str:
+        """The waiting request an arrival-ordered queue starts next: the first
+        of the user with the fewest running; on ties, the user whose turn
+        came longest ago (round-robin), then the earliest arrival."""
+        w = self._waiting
+        if len(w) == 1:
+            return next(iter(next(iter(w.values()))))
+        busy, turn, reqs = self._busy, self._turn, self.requests
+        fair = getattr(self.policy, "between_users", "turns") == "turns"
+        best, best_key = "", None
+        for user, ids in w.items():
+            rid = next(iter(ids))
+            r = reqs[rid]
+            key = (busy.get(user, 0), turn.get(user, -1), r.submitted, r.seq) if fair else (r.submitted, r.seq)
+            if best_key is None or key < best_key:
+                best, best_key = rid, key
+        return best
+
+    def _run(self, request_id: str, now: float) -> None:
+        self.running[request_id] = now
+        user = self.requests[request_id].user
+        w = self._waiting.get(user)
+        if w is not None:
+            w.pop(request_id, None)
+            if not w:
+                del self._waiting[user]
+        self._busy[user] = self._busy.get(user, 0) + 1
+        self._starts += 1
+        self._turn[user] = self._starts
+
     def _close(self, request_id: str, now: float) -> None:
         req = self.requests.pop(request_id, None)
+        if req is not None:
+            if request_id in self.running:
+                n = self._busy.get(req.user, 0) - 1
+                if n > 0:
+                    self._busy[req.user] = n
+                else:
+                    self._busy.pop(req.user, None)
+            else:
+                w = self._waiting.get(req.user)
+                if w is not None:
+                    w.pop(request_id, None)
+                    if not w:
+                        del self._waiting[req.user]
+            if req.user not in self._busy and req.user not in self._waiting:
+                self._turn.pop(req.user, None)      # nothing left here: its turn is forgotten
         start = self.running.pop(request_id, None)
         if req is not None and start is not None:
             self.allocated[req.user] = self.allocated.get(req.user, 0.0) + max(0.0, now - start)
@@ -253,19 +343,16 @@ class SedScheduler:
                 self._promised = None
             elif len(self.running) < self.max_concurrent:
                 self._promised = None
-                self.running[promised] = now
+                self._run(promised, now)
                 return [Start(promised), *self._reschedule(now)]
         if getattr(self.policy, "arrival_order", False) and self._in_submit_order:
             free = self.max_concurrent - len(self.running)
             started: list[Action] = []
-            if free > 0:
-                for rid in self.requests:          # dict order = arrival order
-                    if rid not in self.running:
-                        self.running[rid] = now
-                        started.append(Start(rid))
-                        free -= 1
-                        if free == 0:
-                            break
+            while free > 0 and self._waiting:
+                rid = self._next_fair()
+                self._run(rid, now)
+                started.append(Start(rid))
+                free -= 1
             return started
         if not self.running:
             hold = getattr(self.policy, "hold_until", None)     # e.g. ethic's gather: a burst is ranked whole
@@ -291,6 +378,6 @@ class SedScheduler:
             self._close(rid, now)
         for r in top:
             if r.id not in self.running:
-                self.running[r.id] = now
+                self._run(r.id, now)
                 actions.append(Start(r.id))
         return actions

@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     esub = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     e = esub.add_parser(
         "ethic", help="a DIET-ethic scenario (or the legacy baseline) on a real local tree, or simulated",
-        description="Start a local tree (1 MA, N sleep SeDs with the ethic queue, or FCFS with --legacy), "
+        description="Start a local tree (1 MA, N sleep SeDs with the ethic queue, or one arrival order (fifo, DIET's FCFS) with --legacy), "
                     "run the clients of a scenario, print unhappy users, unfairness and completed requests "
                     "(medians over --runs), write JSON and an event log. Times are in the paper's units and "
                     "multiplied by --time-scale (0.1: T = 1 -> 100 ms, d = 100 -> 10 s). With --simulate, no tree: "

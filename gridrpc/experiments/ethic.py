@@ -2,7 +2,7 @@
 local tree (see ``docs/experiments/optional-computations.md``).
 
 Per invocation: start the tree (:class:`~gridrpc.experiments.tree.ExperimentTree`,
-queue ``ethic`` or, with ``legacy``, ``fcfs``), warm the SeDs' workers up,
+queue ``ethic`` or, with ``legacy``, ``fifo``: DIET's one arrival order), warm the SeDs' workers up,
 then for each run generate the scenario's clients
 (:func:`gridrpc.core.scenarios.generate`, times multiplied by
 ``time_scale``), start each at its arrival time as an
@@ -78,7 +78,7 @@ class EthicConfig:
 
     @property
     def queue(self) -> str:
-        return "fcfs" if self.legacy else "ethic"
+        return "fifo" if self.legacy else "ethic"
 
     @property
     def queue_options(self) -> dict:

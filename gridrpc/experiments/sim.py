@@ -30,7 +30,7 @@ def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
              queue_options: dict | None = None, n_submit: int | None = None,
              seed: int = 0, dispatcher_cls: type = OptionalDispatcher) -> tuple[list[dict], Any]:
     """Run ``plans`` on ``n_seds`` simulated SeDs. ``n_submit`` set: legacy
-    clients (and normally ``queue="fcfs"``). Returns ``(events, metrics)``."""
+    clients (and normally ``queue="fifo"``, DIET's one arrival order). Returns ``(events, metrics)``."""
     rng = random.Random(seed)
     seds = [SedScheduler(policy=make_policy(queue, **(queue_options or {})), max_concurrent=1,
                          rng=random.Random(rng.random())) for _ in range(n_seds)]

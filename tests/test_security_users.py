@@ -355,3 +355,68 @@ def test_a_users_flood_does_not_delay_another_users_call(site):
         assert done <= 5, f"alice's call waited behind {done} of mallory's calls ({waited:.2f} s)"
         for c in flood:
             c.cancel()
+
+
+def test_a_discovery_carries_descriptions_not_values(site):
+    """Attack: a DISCOVER with 8 MB of ``args`` and ``max_age_ms=0`` was
+    copied to every SeD of the service (480 MB received by each of 4 SeDs
+    for 60 such requests). Now the MA refuses it at the boundary, naming the
+    field, and forwards nothing."""
+    opts = None
+    if site.secure:
+        opts = Security(keys=site.store, name="mallory", role="user").client_options(
+            site.store.public("MA", "element"))
+    with closing(dealer(site.ma.address, opts)) as (ma,):
+        r = ask(ma, m.make(MsgType.DISCOVER, "big-d", service="add", k=5, max_age_ms=0, user="mallory",
+                           args=["x" * 8_000_000]), 10)
+        assert r is not None and r["type"] == "error" and "args" in r["error"]["message"], r
+        r = ask(ma, m.make(MsgType.DISCOVER, "many-d", service="add", k=5, max_age_ms=0, user="mallory",
+                           args=[{"type": "str", "v": "y" * 200}] * 1000), 10)
+        assert r is not None and r["type"] == "error" and "args" in r["error"]["message"], r
+        r = ask(ma, m.make(MsgType.DISCOVER, "ok-d", service="add", k=5, max_age_ms=0, user="mallory",
+                           args=[1, {"type": "ndarray", "dtype": "<f8", "shape": [1000, 1000]}]), 10)
+        assert r is not None and r["type"] == "servers" and r["servers"], r
+
+
+# == 9. event-stream slots ===================================================================
+def _open_stream(url: str) -> tuple[socket.socket, bytes]:
+    """A raw event-stream request; returns the socket and the status line."""
+    u = url[len("http://"):]
+    host, port = u.split("/")[0].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(f"GET /api/events HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    return s, s.recv(200).split(b"\r\n", 1)[0]
+
+
+def test_one_address_cannot_hold_every_event_stream_and_left_slots_free_at_once(tmp_path):
+    """Attack: one process held all 64 event-stream slots of the MA, and a
+    slot stayed taken 14 s after its reader left. Now one address gets at
+    most 16 streams and a stream whose reader left frees its slot within
+    about a second."""
+    with ProcTree(tmp_path) as pt:
+        ma = pt.start("ma", "MA", "--http-port", "0")
+        url = ma.info["http"]
+        held = []
+        try:
+            for _ in range(16):
+                s, status = _open_stream(url)
+                held.append(s)
+                assert b"200" in status, status
+            s, status = _open_stream(url)
+            s.close()
+            assert b"503" in status, status
+            for s in held:
+                s.close()
+            held = []
+            t0 = time.monotonic()
+
+            def reopened():
+                s, status = _open_stream(url)
+                ok = b"200" in status
+                (held.append(s) if ok else s.close())
+                return ok
+            wait_for(reopened, 5, "a stream slot freed after its reader left")
+            assert time.monotonic() - t0 < 4
+        finally:
+            for s in held:
+                s.close()

@@ -170,6 +170,45 @@ def _scalar(x: object) -> bool:
             or (t is str and len(x) <= SHORT))
 
 
+#: arguments a discovery may describe, and characters of text in all their descriptions together
+MAX_LIGHT_ARGS = 256
+MAX_LIGHT_TEXT = 64 * 1024
+
+
+def _light_args(v: object) -> bool:
+    """The arguments as a discovery describes them (:func:`gridrpc.core.codec.light_description`):
+    scalars and short strings, or small objects of those and of short lists of them, with at most
+    :data:`MAX_LIGHT_TEXT` characters of text in all. A discovery is copied to every server of the
+    service: it never carries the values themselves."""
+    if type(v) is not list or len(v) > MAX_LIGHT_ARGS:
+        return False
+    budget = MAX_LIGHT_TEXT
+
+    def ok(x: object) -> bool:
+        nonlocal budget
+        if not _scalar(x):
+            return False
+        if type(x) is str:
+            budget -= len(x)
+        return budget >= 0
+
+    for a in v:
+        if ok(a):
+            continue
+        if type(a) is not dict or len(a) > 8:
+            return False
+        for k, x in a.items():
+            budget -= len(k)
+            if ok(x) or (type(x) is list and len(x) <= 128 and all(map(ok, x))):
+                continue
+            return False
+    return True
+
+
+LIGHT_ARGS = (_light_args, f"at most {MAX_LIGHT_ARGS} argument descriptions (scalars, or small objects of "
+                           f"scalars), {MAX_LIGHT_TEXT} characters of text in all")
+
+
 def _timing(v: object) -> bool:
     if type(v) is not dict or len(v) > MAX_KEYS:
         return False
@@ -260,7 +299,7 @@ BY_TYPE: dict[str, tuple] = {
     "discover": _fields(("service", True, *SERVICE), ("k", True, *integer(0, MAX_K)),
                         ("aggregator", False, *AGGREGATOR), ("budget_ms", False, *number(0, MAX_BUDGET_MS)),
                         ("user", False, *TEXT_SHORT), ("optional", False, *BOOL),
-                        ("args", False, *list_of(ANY, MAX_ITEMS)),
+                        ("args", False, *LIGHT_ARGS),
                         ("names", False, *list_of(NAME, MAX_ITEMS)),
                         ("max_age_ms", False, *number(0, MAX_BUDGET_MS)),
                         ("hops", False, *integer(0, 4)), ("via", False, *list_of(NAME, 4))),

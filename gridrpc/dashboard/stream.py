@@ -45,8 +45,9 @@ class Subscriber:
     """One reader of the live stream: a bounded queue of ``(seq, event)``."""
 
     def __init__(self, maxsize: int, *, request_id: str | None = None,
-                 kinds: frozenset[EventKind] | None = None) -> None:
+                 kinds: frozenset[EventKind] | None = None, peer: str | None = None) -> None:
         self.queue: asyncio.Queue = asyncio.Queue(maxsize)
+        self.peer = peer          # the reader's address (streams per address are bounded)
         self.request_id = request_id
         self.kinds = kinds
         self.dropped = 0          # lost since the reader last looked (see take_dropped)
@@ -94,6 +95,7 @@ class EventHub:
         self.clock = clock
         self.queue_size = queue_size
         self.max_subscribers = max_subscribers
+        self.max_per_peer = max(1, max_subscribers // 4)      # one address cannot take every stream
         self.writer = writer
         self.epoch = secrets.token_hex(4)     # a new MA numbers afresh: ids from another epoch restart
         self.subscribers: set[Subscriber] = set()
@@ -126,10 +128,12 @@ class EventHub:
             self.lost_upstream[origin] = self.lost_upstream.get(origin, 0) + lost
 
     def subscribe(self, *, request_id: str | None = None,
-                  kinds: frozenset[EventKind] | None = None) -> Subscriber:
+                  kinds: frozenset[EventKind] | None = None, peer: str | None = None) -> Subscriber:
         if len(self.subscribers) >= self.max_subscribers:
             raise OverflowError(f"too many event subscribers (max {self.max_subscribers})")
-        s = Subscriber(self.queue_size, request_id=request_id, kinds=kinds)
+        if peer is not None and sum(1 for x in self.subscribers if x.peer == peer) >= self.max_per_peer:
+            raise OverflowError(f"too many event streams from {peer} (max {self.max_per_peer} per address)")
+        s = Subscriber(self.queue_size, request_id=request_id, kinds=kinds, peer=peer)
         self.subscribers.add(s)
         return s
 
@@ -198,6 +202,10 @@ def _id_param(value: str | None) -> str | None:
     return value
 
 
+#: how often a quiet stream checks that its reader is still connected (seconds)
+GONE_CHECK_S = 1.0
+
+
 async def sse_handler(request: web.Request, hub: EventHub, *, keepalive: float = 15.0) -> web.StreamResponse:
     rid = _id_param(request.query.get("id"))
     kinds = _kinds_param(request)
@@ -207,7 +215,7 @@ async def sse_handler(request: web.Request, hub: EventHub, *, keepalive: float =
     if since is None and "since" in request.query:
         since = _int_param(request, "since", 0, 1 << 62)
     try:
-        sub = hub.subscribe(request_id=rid, kinds=kinds)
+        sub = hub.subscribe(request_id=rid, kinds=kinds, peer=request.remote)
     except OverflowError as exc:
         raise web.HTTPServiceUnavailable(text=str(exc)) from None
     resp = web.StreamResponse(headers={
@@ -231,12 +239,19 @@ async def sse_handler(request: web.Request, hub: EventHub, *, keepalive: float =
         head += b"".join(_event_bytes(q, e, hub.epoch) for q, e in past)
         await resp.prepare(request)
         await resp.write(head)
+        quiet_since = time.monotonic()
         while follow:
             try:
-                item = await asyncio.wait_for(sub.queue.get(), keepalive)
+                item = await asyncio.wait_for(sub.queue.get(), min(keepalive, GONE_CHECK_S))
             except asyncio.TimeoutError:
-                await resp.write(b": keepalive\n\n")
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    break                   # the reader left: its slot is free now, not at the next write
+                if time.monotonic() - quiet_since >= keepalive:
+                    await resp.write(b": keepalive\n\n")
+                    quiet_since = time.monotonic()
                 continue
+            quiet_since = time.monotonic()
             chunks = []
             while item is not _CLOSED:      # batch what is already queued into one write
                 seq, ev = item

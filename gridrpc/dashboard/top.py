@@ -182,10 +182,13 @@ def render(tree: list[dict], stats: dict | None, *, url: str, error: str | None 
     if errors:
         et = Table(title="latest errors", title_justify="left", expand=True, box=None, pad_edge=False,
                    show_header=False)
-        et.add_column("when", no_wrap=True, style="dim")
-        et.add_column("kind", no_wrap=True, style="red")
-        et.add_column("element", no_wrap=True)
-        et.add_column("what", overflow="ellipsis", no_wrap=True)
+        # the message gives way first: when, kind and element keep their width
+        et.add_column("when", no_wrap=True, style="dim", min_width=8)
+        et.add_column("kind", no_wrap=True, style="red",
+                      min_width=min(24, max(len(str(ev.get("kind") or "")) for ev in errors)))
+        et.add_column("element", no_wrap=True,
+                      min_width=min(24, max(len(str(ev.get("element") or "")) for ev in errors)))
+        et.add_column("what", overflow="ellipsis", no_wrap=True, ratio=1)
         for ev in errors:
             tm = _num(ev.get("time"))
             what = " ".join(str(x) for x in (ev.get("service"), ev.get("id"), ev.get("detail")) if x)

@@ -420,3 +420,31 @@ def test_one_address_cannot_hold_every_event_stream_and_left_slots_free_at_once(
         finally:
             for s in held:
                 s.close()
+
+
+# == 9. argument bytes per user ==============================================================
+@pytest.fixture(params=["plain", "secure"])
+def bounded_args_site(request, tmp_path):
+    s = Site(tmp_path, request.param == "secure", "--max-message-size", "20000000")
+    yield s
+    s.close()
+
+
+def test_one_users_big_calls_are_bounded_not_others(bounded_args_site):
+    """Attack: five legal 400 MB calls took a SeD to 3.5 GB and its parent
+    dropped it. Now the bytes of arguments one user has in calls queued or
+    running on a SeD are bounded (default: one message of the largest
+    size); past it the call is refused, naming the limit, and other users
+    are not affected."""
+    site = bounded_args_site
+    blob = b"x" * 8_000_000
+    with site.client("mallory") as b, site.client("alice") as a:
+        blocker = b.submit("sleep", 1.0, server="sed-1")
+        wait_for(lambda: blocker.server is not None, 10, "the slot taken")
+        queued = [b.submit("echo", blob, server="sed-1") for _ in range(2)]
+        wait_for(lambda: all(c.server for c in queued), 10, "two 8 MB calls queued")
+        with pytest.raises(gridrpc.Refused, match="max_arg_bytes_per_user=20000000"):
+            b.call("echo", blob, server="sed-1")
+        assert a.call("echo", blob, server="sed-1") == blob          # another user: not counted against
+        assert all(c.result(30) == blob for c in queued)
+        assert b.call("echo", blob, server="sed-1") == blob          # freed when the calls ended

@@ -147,6 +147,9 @@ def add_daemon_parsers(sub) -> None:
                    help="process: each call in a killable worker process (default); inline: in the SeD")
     p.add_argument("--max-message-size", type=int, default=512 * 1024 * 1024,
                    help="largest call accepted, bytes (default 512 MiB)")
+    p.add_argument("--max-arg-bytes-per-user", type=int, default=None, metavar="N",
+                   help="bytes of arguments one user may have in calls queued or running on this SeD "
+                        "(default: --max-message-size)")
     add_access_arguments(p)
     g = p.add_argument_group("data held on this SeD (docs/data.md)")
     g.add_argument("--data-memory-bytes", type=int, default=None, metavar="N",
@@ -289,6 +292,7 @@ def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
     d = SeD(a.name, a.parent, address=address, max_concurrent=a.max_concurrent, queue=a.queue,
             replicas=a.replicas, workers=a.workers, isolation=a.isolation, prestart_workers=a.prestart_workers,
             max_message_size=a.max_message_size, orphan_timeout=a.orphan_timeout,
+            max_arg_bytes_per_user=a.max_arg_bytes_per_user,
             result_cache_bytes=a.result_cache_bytes, orphan_call_timeout=a.orphan_call_timeout,
             queue_options=opts, **hb)
     specs = list(a.service)

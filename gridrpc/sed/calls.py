@@ -53,6 +53,7 @@ class _Call(CallRecord):
     options: dict = field(default_factory=dict)    # per-call options of the back-end (batch: _batch)
     last_contact: float = field(default_factory=time.time)   # last word from the client (CALL, PING): orphan detection
     orphaned: bool = False          # the client went away; left to finish (on_orphan policy)
+    arg_bytes: int = 0              # binary arguments it holds (counted per user while it lives)
 
 
 class CallsMixin(RunsMixin):
@@ -94,6 +95,11 @@ class CallsMixin(RunsMixin):
         if size > self.max_message_size:
             return self._reject(route, cid, "too_large", f"call of {size} bytes exceeds this SeD's "
                                 f"max_message_size of {self.max_message_size} bytes")
+        if size and self._arg_bytes.get(user, 0) + size > self.max_arg_bytes_per_user:
+            return self._reject(route, cid, "refused", f"SeD {self.name}: user {user!r} has "
+                                f"{self._arg_bytes.get(user, 0)} bytes of arguments in calls queued or running "
+                                f"here; {size} more would pass the limit max_arg_bytes_per_user="
+                                f"{self.max_arg_bytes_per_user}")
         target = h.get("sed")
         r = (next(iter(self.replicas.values())) if target is None and len(self.replicas) == 1
              else self.replicas.get(target) if isinstance(target, str) else None)
@@ -129,7 +135,7 @@ class CallsMixin(RunsMixin):
         now = time.time()
         call = _Call(id=cid, sed=r.name, service=svc.name, user=user, owner=who,
                      optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
-                     args=args, kwargs=kwargs, options=options, workdir=workdir, last_contact=now)
+                     args=args, kwargs=kwargs, options=options, workdir=workdir, last_contact=now, arg_bytes=size)
         self.stats["calls"] += 1
         r.last_solve = now
         log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, call.user,
@@ -167,6 +173,8 @@ class CallsMixin(RunsMixin):
         self._event(EventKind.CALL_QUEUED, call, now)
         tally(self._in_flight, call.user, 1)
         tally(self._by_owner, call.owner, 1)
+        if call.arg_bytes:
+            tally(self._arg_bytes, call.user, call.arg_bytes)
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
     def _accepted(self, call: _Call, duplicate: bool = False) -> dict:

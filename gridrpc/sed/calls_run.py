@@ -229,6 +229,8 @@ class RunsMixin:
         self._ended_event(call, header, now)
         tally(self._in_flight, call.user, -1)
         tally(self._by_owner, call.owner, -1)
+        if call.arg_bytes:
+            tally(self._arg_bytes, call.user, -call.arg_bytes)
         actions = self.lifecycle.complete(call.id, frames, ok=ok, now=now)
         self.execution.finished(call, header, frames, delivered)
         call.args = call.kwargs = None          # the record may outlive the call (tasks): free the data

@@ -90,7 +90,8 @@ class SeD(CallsMixin):
                  result_cache_bytes: int = DEFAULT_RESULT_CACHE_BYTES,
                  execution: ExecutionBackend | None = None, security: Security | None = None,
                  parent_key: bytes | list | None = None, orphan_call_timeout: float = 30.0,
-                 data: "DataConfig | None" = None, access: AccessRules | None = None) -> None:
+                 data: "DataConfig | None" = None, access: AccessRules | None = None,
+                 max_arg_bytes_per_user: int | None = None) -> None:
         if max_concurrent < 1:
             raise ConfigError("max_concurrent must be >= 1")
         if replicas < 1:
@@ -114,6 +115,11 @@ class SeD(CallsMixin):
         self.hb_interval = hb_interval
         self.hb_timeout = hb_timeout
         self.max_message_size = max_message_size
+        #: bytes of binary arguments one user may have in calls queued or running here (default: one
+        #: message of the largest size): a few legal 400 MB calls took a SeD to 3.5 GB
+        self.max_arg_bytes_per_user = max_message_size if max_arg_bytes_per_user is None else max_arg_bytes_per_user
+        if self.max_arg_bytes_per_user < 1:
+            raise ConfigError("max_arg_bytes_per_user must be >= 1")
         self.orphan_timeout = orphan_timeout
         self.orphan_call_timeout = orphan_call_timeout    # a call's client silent this long: orphaned
         self.services: dict[str, Service] = {}
@@ -148,6 +154,7 @@ class SeD(CallsMixin):
         self.outbox = EventOutbox()     # lifecycle events, sent up the tree with the parent link
         self.access = access or OPEN    # who may call what, calls in flight per user (sed/access.py)
         self._in_flight: dict[str, int] = {}
+        self._arg_bytes: dict[str, int] = {}       # user -> bytes of arguments of its calls queued or running
         self._by_owner: dict[object, int] = {}     # calls queued or running per client (its owner)
         self._acks: dict[int, list] = {}     # held ACCEPTEDs by slot of ACK_SLOT s (calls.py)
         self._freed_by_cancel = False       # this read's cancels stopped running calls (calls.py)

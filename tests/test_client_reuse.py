@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 import gridrpc
-from gridrpc.client.reuse import MAX_KEPT, ReusedAnswers, answer_key, load, server_failed
+from gridrpc.client.reuse import MAX_ASK, MAX_KEPT, ReusedAnswers, answer_key, ask_for, load, server_failed
+from gridrpc.core.discovery import CHOICE_MEMORY
 from gridrpc.core.messages import MsgType
 from gridrpc.master_agent import MasterAgent
 from gridrpc.testing import LocalTree, LoopThread, example_sed, wait_for
@@ -73,7 +74,7 @@ def test_a_saturated_answer_is_reused_anyway():
     assert r.kept["k"][2] is True
     assert names(r.take("k", 0.1)) == ["a", "b"]             # nothing of ours in flight: the MA's order
     r.started("a")
-    assert names(r.take("k", 0.1)) == ["b", "a"]             # b: 1 per slot, a: 4
+    assert names(r.take("k", 0.1)) == ["b", "a"]             # b: 1 per slot, a: 3 (ours may be one shown)
     r.keep("free", [E("c", dict(busy, num_running=0, num_waiting=0))], 0.0)
     assert r.kept["free"][2] is False and names(r.take("free", 0.1)) == ["c"]
     r.started("c")
@@ -98,6 +99,66 @@ def test_rerank_counts_the_load_the_answer_showed_per_slot():
     r.started("a")
     assert names(r.take("k", 0.1)) == ["b", "a", "c"]        # a 3/4 > b 1/2
     assert load(S("x"), 3) == 3.0 and load(E("y", {"num_running": "1"}), 1) == 1.0   # no usable fields
+
+
+@dataclass
+class E:
+    name: str
+    estimation: dict
+
+
+def est(running, slots=1, waiting=0):
+    return {"num_running": running, "max_concurrent": slots, "num_waiting": waiting}
+
+
+def test_load_counts_the_clients_own_calls_once():
+    """The estimation's calls that this client's own calls there explain (in
+    flight, or ended lately) are not counted again; the others are."""
+    two = E("a", est(1, 1, 1))                               # shown: 1 running + 1 waiting
+    assert load(two, 0) == 2.0                               # none of ours: two calls of others
+    assert load(two, 1) == 2.0                               # one of them ours (pushed): not twice
+    assert load(two, 3) == 3.0                               # ours not pushed yet: ours
+    assert load(two, 0, ended=1) == 1.0                      # one shown is a call of ours that ended
+    assert load(two, 0, ended=5) == 0.0 and load(two, 1, ended=5) == 1.0
+    assert load(E("b", est(0, 4)), 2) == 0.5 and load(S("x"), 2, ended=9) == 2.0
+
+
+def test_calls_that_ended_lately_explain_what_the_estimation_still_shows():
+    """A burst right after sequential calls: the MA shows the servers of the
+    sequential calls with a waiting call each (its memory of having chosen
+    them; they never pushed the calls' ends). Counted as others' calls, the
+    burst would leave them out; counted as this client's ended calls, they
+    are free, and probed (late binding) to be sure."""
+    r = ReusedAnswers(1.0)
+    answer = [E("a", est(0, 1, 1)), E("b", est(0)), E("c", est(0, 1, 1))]
+    r.started("a")
+    r.ended("a", now=10.0)
+    r.started("c")
+    r.ended("c", now=10.2)
+    assert r.recent("a", 10.5) == 1 and r.recent("zzz", 10.5) == 0
+    assert not r.saturated(answer, 10.5) and r.free(answer, 10.5)
+    r.started("b")
+    assert names(r.rerank(answer, 10.5)) == ["a", "c", "b"]   # a and c free, b has our call
+    assert names(r.rerank(answer)) == ["a", "b", "c"]         # without a clock: every call shown counts
+    assert not r.free([answer[0]])
+    later = 10.2 + CHOICE_MEMORY + 0.01                       # c's end is older than the MA's memory
+    assert r.recent("a", later) == 0 and r.recent("c", later) == 0 and "a" not in r.ended_at
+    assert names(r.rerank(answer, later)) == ["a", "b", "c"]  # a, b, c: 1 call each (shown, ours, shown)
+
+
+def test_a_call_is_counted_where_it_went():
+    r = ReusedAnswers(1.0)
+    assert r.begin([S("a"), S("b")]) == "a"
+    r.moved("a", "b")                                          # a busy probe passed it on
+    assert r.in_flight == {"b": 1}
+    r.ended("b", now=1.0)
+    assert r.in_flight == {} and r.recent("b", 1.5) == 1
+
+
+def test_calls_waiting_together_ask_for_a_server_each_and_one_per_server_taken():
+    assert ask_for(3, 1) == 3 and ask_for(3, 8) == 8 and ask_for(1, 2) == 2
+    assert ask_for(3, 1, taken=3) == 4 and ask_for(3, 2, taken=0) == 3      # beyond the servers taken
+    assert ask_for(3, 1000) == MAX_ASK and ask_for(MAX_ASK + 4, 1000) == MAX_ASK + 4
 
 
 def test_a_failure_forgets_every_kept_answer_and_the_store_is_bounded():

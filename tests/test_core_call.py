@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gridrpc.core.call import (Abort, Accepted, Cancel, CancelAck, CallMachine, CallPolicy, CallSent, Done,
-                               Error, Fail, FailOver, Malformed, Phase, Pong, Result, SendCall, SendCancel,
-                               SendFailed, SendPing, Start, Tick)
+from gridrpc.core.call import (Abort, Accepted, Cancel, CancelAck, CallMachine, CallPolicy, CallSent, Discover,
+                               Discovered, Done, Error, Fail, FailOver, Malformed, Phase, Pong, Result, SendCall,
+                               SendCancel, SendFailed, SendPing, Start, Tick)
 from gridrpc.core.ids import IdGenerator
 from gridrpc.core.messages import valid_id
 from gridrpc.errors import (CallCancelled, CommunicationError, NoServerAvailable, ProtocolError, RemoteError,
@@ -336,6 +336,42 @@ def test_no_probe_unless_the_best_was_seen_free_and_there_are_others(ests):
     cands = [Est(n, f"tcp://{n}:1", e) for n, e in zip("abc", ests)]
     mc = CallMachine("add", cands, policy=CallPolicy(), new_id=IdGenerator("t-"))
     assert mc.handle(Start(), 0.0) == [SendCall("t-1", "a", "tcp://a:1", False)]
+
+
+@pytest.mark.parametrize("first, ests, probe", [
+    (None, [FREE, FREE], True),             # the caller gives no count: the estimation decides
+    (None, [BUSY, FREE], False),
+    (False, [FREE, FREE], False),           # free as shown, full of the caller's own calls: queued there
+    (True, [BUSY, FREE], True),             # shown busy by calls of the caller's that ended: probed
+    (True, [FREE], False),                  # nobody else to go to
+])
+def test_the_callers_count_of_the_first_server_decides_the_probe(first, ests, probe):
+    """``Discovered.first_free``: a burst of one client whose calls fill every
+    server by its own count queues, each call where its count put it, instead
+    of probing servers that all answer busy and then queueing together on the
+    one with the shortest wait; a server shown busy by the caller's own ended
+    calls is probed."""
+    cands = [Est(n, f"tcp://{n}:1", e) for n, e in zip("abc", ests)]
+    mc = CallMachine("add", policy=CallPolicy(), new_id=IdGenerator("t-"), discover=True)
+    assert [type(a) for a in mc.handle(Start(), 0.0)] == [Discover]
+    assert mc.handle(Discovered(cands, first_free=first), 0.01) == [SendCall("t-1", "a", "tcp://a:1", probe)]
+    if probe:                               # a busy probe moves on, probing the next candidate too
+        acts = mc.handle(Error("t-1", {"kind": "busy", "message": "full", "est_wait": 1.0}, server="a"), 0.02)
+        assert acts[-1] == SendCall("t-2", "b", "tcp://b:1", True)
+
+
+def test_the_callers_count_is_for_the_first_server_it_ranked():
+    """A rediscovery leaves out the servers given up on: when the answer's
+    first is one of them, the caller's count of it says nothing of the
+    server tried first, whose estimation decides."""
+    cands = [Est("a", "tcp://a:1", FREE), Est("b", "tcp://b:1", FREE), Est("c", "tcp://c:1", FREE)]
+    mc = CallMachine("add", policy=CallPolicy(backoff_jitter=0), new_id=IdGenerator("t-"), discover=True)
+    mc.handle(Start(), 0.0)
+    assert mc.handle(Discovered(cands[:1], first_free=True), 0.01) == [SendCall("t-1", "a", "tcp://a:1", False)]
+    assert mc.handle(SendFailed("a is gone"), 0.02) == [] and mc.phase is Phase.BACKOFF
+    assert [type(a) for a in mc.handle(Tick(), mc.retry_at)] == [Discover]
+    acts = mc.handle(Discovered(cands, first_free=False), mc.retry_at + 0.01)    # a, given up on, left out
+    assert acts == [SendCall("t-2", "b", "tcp://b:1", True)]
 
 
 def test_busy_on_the_last_candidate_is_transient():

@@ -33,7 +33,7 @@ from .driver import AsyncCallDriver, Flight
 from .ids import new_id
 from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, OptionViews
-from .reuse import ReusedAnswers, answer_key
+from .reuse import ReusedAnswers, answer_key, ask_for
 from .submit import SubmitMixin
 
 log = logging.getLogger(__name__)
@@ -189,10 +189,10 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             aggregator, k, light = getattr(call, "_discovery", (None, self.max_candidates, ()))
             if not light:
                 key = _reuse_key(call, aggregator, k)
-                servers = reuse.take(key, self.loop.time())
+                now = self.loop.time()
+                servers = reuse.take(key, now)
                 if servers is not None:
-                    call._chosen = reuse.begin(servers)
-                    return Discovered(servers)
+                    return self._seat(call, servers, k, now)
                 joined = self._joining.get(key)
                 if joined is not None:          # the same request is out: its answer serves this call too
                     joined.append((flight, a))
@@ -216,10 +216,13 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         ``what``: the call's service, optional, aggregator, k and data arguments."""
         service, optional, aggregator, k, light = what
         servers: list = []
+        asked = k
+        if key is not None:         # a server per call waiting for this answer and per server taken (reuse.py)
+            asked = ask_for(k, 1 + len(self._joining.get(key, ())), len(self._reuse.in_flight))
         try:
             if self.closed:
                 raise CommunicationError("client is closed")
-            ask = self._discover_ranked(service, k, aggregator, light, optional, None)
+            ask = self._discover_ranked(service, asked, aggregator, light, optional, None)
             if a.timeout is not None and a.timeout < self.discovery_timeout:
                 servers, from_view = await asyncio.wait_for(ask, max(0.01, a.timeout))
             else:
@@ -240,22 +243,22 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             event = Discovered(servers)
         reuse = self._reuse
         saturated = False
+        now = self.loop.time()
         if type(event) is Discovered and reuse is not None and servers:
-            saturated = reuse.saturated(servers)
+            saturated = reuse.saturated(servers, now)
             if key is not None and from_view:
-                reuse.keep(key, servers, self.loop.time(), saturated)
+                reuse.keep(key, servers, now, saturated)
         joined = self._joining.pop(key, []) if key is not None else []
         again: list = []
         for f, own in ([(flight, a)] if flight is not None else []) + joined:
             if f.machine.finished:
                 continue
             if type(event) is Discovered and reuse is not None and servers:
-                ranked = reuse.rerank(servers)
-                if f is not flight and not reuse.fits(ranked, saturated):
+                ranked = reuse.rerank(servers, now)
+                if f is not flight and not reuse.fits(ranked, saturated, now):
                     again.append((f, own))      # the answer's servers are taken by the calls before
                     continue
-                f.context._chosen = reuse.begin(ranked)
-                self._driver.feed(f, Discovered(ranked))
+                self._driver.feed(f, self._seat(f.context, ranked, k, now))
             else:
                 self._driver.feed(f, event)
         if again:
@@ -268,6 +271,16 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             else:
                 self._joining[key] = again[1:]
                 self._start_discovery(*again[0], key)
+
+    def _seat(self, call: Call, ranked: list, k: int, now: float) -> Discovered:
+        """``call`` takes the answer ``ranked`` for it (gridrpc.client.reuse):
+        counted in flight on its first server, its first ``k`` servers as
+        candidates, a late-binding probe when that server is free by this
+        client's count, else queued there."""
+        reuse = self._reuse
+        free = reuse.free(ranked, now)
+        call._chosen = reuse.begin(ranked)
+        return Discovered(ranked[:k], free)
 
     async def _cancel_remote(self, call: Call) -> None:
         """Cancel ``call`` on its server; returns when the server confirmed (or
@@ -329,6 +342,10 @@ def _on_attempt(flight: Flight, a: SendCall) -> None:
     if call.id != a.id:
         call.attempts.append(a.id)
     call.id, call.server, call.address = a.id, a.server, a.address
+    chosen = call._chosen
+    if chosen is not None and chosen != a.server:   # passed on (busy probe, failover): counted where it is
+        call._client._reuse.moved(chosen, a.server)
+        call._chosen = a.server
 
 
 class AsyncHandle:

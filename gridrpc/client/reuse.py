@@ -11,17 +11,37 @@ lease for the same scheduling class the same way; Sparrow's schedulers
 decide from pushed state).
 
 So that the calls made from one answer do not all land on its first server,
-the answer is ranked again for every call by each server's load: the calls
-its estimation showed plus those this client has sent it since and that
-are still in flight, per slot (ties keep the MA's order). A sequential
-caller gets the MA's first choice each time; a burst spreads over the
-answer's servers as their slots allow, and once none has a free slot left
-(by this client's count) the next call asks the MA again, which knows the
-other servers — unless the answer showed no free slot when it came (the
-tree is saturated: the MA could only name queues too). A kept
-answer that has gone stale is corrected by the call itself: when it showed
-the first server free, the call is sent as a probe (late binding,
-:mod:`gridrpc.core.call`) and a busy server passes it to the next one.
+the answer is ranked again for every call by each server's load (``load``),
+per slot, ties in the MA's order: this client's calls in flight there, plus
+the calls the answer's estimation showed that this client's own recent
+calls there (in flight, or ended within the MA's choice memory) do not
+explain. The estimation often shows this client's own calls: the servers
+push every change within milliseconds, a push coalesced over short calls
+may show one that has ended, and the MA shows its recent choices as waiting
+calls until a newer snapshot comes, which a call shorter than the push
+coalescing never sends (``gridrpc.core.discovery.CHOICE_MEMORY``).
+Counted again, they would make a burst that follows sequential calls
+leave a free server out and put a third call on another. A sequential caller gets the
+MA's first choice each time; a burst spreads over the answer's servers as
+their slots allow, and once none has a free slot left (by that count) the
+next call asks the MA again, which knows the other servers — unless the
+answer showed no free slot when it came (the tree is saturated: the MA
+could only name queues too); the calls then queue on its servers, least
+loaded first, so that N calls on M full single-slot servers put at most
+ceil(N/M) on each. Calls that wait for one discovery together ask for as
+many servers as they are, plus as many as this client has calls on
+(``ask_for``, at most ``MAX_ASK``), so a burst is shown every server it
+can use, not the first ``k``; each call still gets ``k`` candidates.
+
+Where a call goes is decided by the servers (late binding,
+:mod:`gridrpc.core.call`): a call whose first server is free by that count
+is sent there as a probe, and a server that cannot start it at once passes
+it to the next candidate, so a count that is wrong (another client's calls
+taken for this client's, an answer gone stale) costs a round trip, not a
+call parked in a queue (with more than one candidate); a call whose first
+server is full of this client's
+own calls is queued there, not probed (``Discovered.first_free``). A call
+is counted where it went (``moved``), not where its answer put it first.
 
 Only answers the MA marked as coming from its view are kept (a fan-out's
 answer may depend on the request); a call that left a server for a
@@ -32,14 +52,17 @@ Pure: the caller gives ``now``.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Hashable, Sequence
 
 import orjson
 
 from ..core.call_types import Fail
+from ..core.discovery import CHOICE_MEMORY
 from ..core.tally import tally
 
-__all__ = ["ReusedAnswers", "MAX_KEPT", "FORGET_KINDS", "load", "answer_key", "server_failed"]
+__all__ = ["ReusedAnswers", "MAX_KEPT", "MAX_ASK", "FORGET_KINDS", "load", "ask_for", "answer_key",
+           "server_failed"]
 
 #: failures of a call after which the kept answers are forgotten (a server or the network failed)
 FORGET_KINDS = frozenset({"communication", "server_lost", "worker_died", "timeout", "no_server",
@@ -47,6 +70,23 @@ FORGET_KINDS = frozenset({"communication", "server_lost", "worker_died", "timeou
 
 #: answers kept at most (one per service, aggregator, ...): the oldest go first
 MAX_KEPT = 256
+
+#: servers one discovery asks for at most (``ask_for``; more only when ``max_candidates`` is more):
+#: every call re-ranks the kept answer, so its size is paid on each call of the window
+MAX_ASK = 16
+
+
+def ask_for(k: int, calls: int, taken: int = 0) -> int:
+    """Servers to ask the MA for when ``calls`` calls, each wanting ``k``
+    candidates, wait for one discovery while this client has calls in
+    flight on ``taken`` servers: one per waiting call and one per such
+    server, at least ``k``, at most ``MAX_ASK`` unless ``k`` is more. The
+    MA does not see this client's latest calls, so its best servers may be
+    the ones those calls fill; asking for as many more shows the waiting
+    calls the servers beyond them (a burst submitted one call at a time,
+    whose calls find the last answer's servers full one after the other, is
+    shown every server, not the same first ``k`` again)."""
+    return max(k, min(calls + taken, MAX_ASK))
 
 
 def answer_key(service: str, optional: bool, k: int, aggregator: Any) -> tuple:
@@ -64,22 +104,33 @@ def server_failed(machine: Any, outcome: Any) -> bool:
         type(outcome) is Fail and outcome.error.kind in FORGET_KINDS)
 
 
-def load(server: Any, flying: int) -> float:
-    """Calls per slot on ``server``: those its estimation showed (running and
-    waiting, over ``max_concurrent``) plus ``flying`` of this client's; without
-    those fields, ``flying``."""
+def load(server: Any, flying: int, ended: int = 0) -> float:
+    """Calls per slot on ``server``: ``flying``, this client's calls in
+    flight there, plus those its estimation showed (running and waiting,
+    over ``max_concurrent``) beyond what this client's own recent calls
+    there explain (``flying`` and ``ended``: its calls there that ended
+    lately); without those fields, ``flying``.
+
+    Taking another client's call for one of this client's makes a server
+    look free when it is not: the call probes it and moves on (late
+    binding). Counting this client's calls twice would make a free server
+    look full, and the call queue elsewhere."""
     est = getattr(server, "estimation", None)
     if type(est) is dict:
         running, slots, waiting = est.get("num_running"), est.get("max_concurrent"), est.get("num_waiting", 0)
         if type(running) is int and type(slots) is int and type(waiting) is int and slots > 0:
-            return (max(0, running) + max(0, waiting) + flying) / slots
+            others = max(0, running) + max(0, waiting) - flying - ended
+            return (flying + others if others > 0 else flying) / slots
     return float(flying)
 
 
 class ReusedAnswers:
-    """Kept view answers, and this client's calls in flight per server name."""
+    """Kept view answers, this client's calls in flight per server name, and
+    when its calls there ended lately (within ``CHOICE_MEMORY``: what the
+    MA's answers and the servers' coalesced pushes may still show).
+    ``now``: the caller's clock; left out, ended calls are not counted."""
 
-    __slots__ = ("window", "kept", "in_flight", "reused", "asked")
+    __slots__ = ("window", "kept", "in_flight", "ended_at", "reused", "asked", "_first")
 
     def __init__(self, window: float) -> None:
         if not window > 0:
@@ -87,8 +138,10 @@ class ReusedAnswers:
         self.window = float(window)
         self.kept: dict[Hashable, tuple[float, list, bool]] = {}      # key -> (when, servers, saturated)
         self.in_flight: dict[str, int] = {}
+        self.ended_at: dict[str, deque] = {}    # server -> when this client's calls there ended, oldest first
         self.reused = 0             # calls that took a kept answer
         self.asked = 0              # answers kept
+        self._first: tuple = (None, 0.0)    # rerank's last list and its first server's load (free)
 
     def take(self, key: Hashable, now: float) -> list | None:
         """The kept answer for ``key``, ranked again for this call, or None:
@@ -102,42 +155,70 @@ class ReusedAnswers:
         if now - at > self.window or now < at:
             del self.kept[key]
             return None
-        ranked = self.rerank(servers)
-        if not self.fits(ranked, saturated):
+        ranked = self.rerank(servers, now)
+        if not self.fits(ranked, saturated, now):
             return None
         self.reused += 1
         return ranked
 
-    def fits(self, ranked: Sequence[Any], saturated: bool) -> bool:
+    def load(self, server: Any, now: float | None = None) -> float:
+        """``load`` of ``server`` by this client's count."""
+        name = server.name
+        return load(server, self.in_flight.get(name, 0), 0 if now is None else self.recent(name, now))
+
+    def recent(self, name: str, now: float) -> int:
+        """This client's calls on ``name`` that ended within ``CHOICE_MEMORY`` before ``now``."""
+        times = self.ended_at.get(name)
+        if times is None:
+            return 0
+        horizon = now - CHOICE_MEMORY
+        while times and times[0] < horizon:
+            times.popleft()
+        if not times:
+            del self.ended_at[name]
+            return 0
+        return len(times)
+
+    def fits(self, ranked: Sequence[Any], saturated: bool, now: float | None = None) -> bool:
         """Whether an answer ranked for this call (``rerank``) serves it: its
         first server has a free slot, or the answer showed none free when it
         came (a saturated tree: the MA could only name queues too)."""
-        return bool(ranked) and (saturated or load(ranked[0], self.in_flight.get(ranked[0].name, 0)) < 1)
+        return bool(ranked) and (saturated or self.free(ranked, now))
 
-    def saturated(self, servers: Sequence[Any]) -> bool:
+    def free(self, ranked: Sequence[Any], now: float | None = None) -> bool:
+        """Whether the first of ``ranked`` has a free slot by this client's
+        count, before the call is counted there: the call probes it (late
+        binding); else it queues there."""
+        first = self._first                 # (the list rerank returned last, its first server's load)
+        if first[0] is ranked:
+            return first[1] < 1
+        return self.load(ranked[0], now) < 1
+
+    def saturated(self, servers: Sequence[Any], now: float | None = None) -> bool:
         """No server of the answer has a free slot (by its estimation and
-        this client's calls in flight)."""
-        flying = self.in_flight
-        return all(load(s, flying.get(s.name, 0)) >= 1 for s in servers)
+        this client's calls)."""
+        return all(self.load(s, now) >= 1 for s in servers)
 
-    def rerank(self, servers: Sequence[Any]) -> list:
-        """``servers`` (best first) ordered by their load as the answer showed
-        it plus this client's calls in flight on them, per slot (``load``);
-        a stable sort: ties keep the MA's order."""
-        flying = self.in_flight
-        if not flying:
+    def rerank(self, servers: Sequence[Any], now: float | None = None) -> list:
+        """``servers`` (best first) ordered by their load by this client's
+        count (``load``); a stable sort: ties keep the MA's order. With
+        nothing of this client in flight, the MA's order as it is."""
+        if not self.in_flight:
             return list(servers)
-        order = sorted(range(len(servers)), key=lambda i: (load(servers[i], flying.get(servers[i].name, 0)), i))
-        return [servers[i] for i in order]
+        loads = [self.load(s, now) for s in servers]
+        order = sorted(range(len(servers)), key=loads.__getitem__)     # stable: ties in the MA's order
+        ranked = [servers[i] for i in order]
+        self._first = (ranked, loads[order[0]]) if order else (None, 0.0)
+        return ranked
 
     def keep(self, key: Hashable, servers: Sequence[Any], now: float, saturated: bool | None = None) -> None:
-        """Keep a view answer (``saturated``: ``self.saturated(servers)``, when the caller has it)."""
+        """Keep a view answer (``saturated``: ``self.saturated(servers, now)``, when the caller has it)."""
         if not servers:
             return
         self.kept.pop(key, None)
         if len(self.kept) >= MAX_KEPT:
             del self.kept[next(iter(self.kept))]
-        self.kept[key] = (now, list(servers), self.saturated(servers) if saturated is None else saturated)
+        self.kept[key] = (now, list(servers), self.saturated(servers, now) if saturated is None else saturated)
         self.asked += 1
 
     def answered(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float) -> list:
@@ -145,7 +226,7 @@ class ReusedAnswers:
         from its view (and the call has a ``key``), ranked for that call."""
         if key is not None and from_view:
             self.keep(key, servers, now)
-        return self.rerank(servers)
+        return self.rerank(servers, now)
 
     def begin(self, ranked: Sequence[Any]) -> str:
         """The call goes to the first of ``ranked``: counted in flight there; its name."""
@@ -156,8 +237,24 @@ class ReusedAnswers:
     def started(self, name: str) -> None:
         tally(self.in_flight, name, 1)
 
-    def ended(self, name: str, failed: bool = False) -> None:
+    def moved(self, old: str, new: str) -> None:
+        """A call counted on ``old`` was sent to ``new`` instead (a busy
+        probe passed it on, or a failover): counted there now."""
+        tally(self.in_flight, old, -1)
+        tally(self.in_flight, new, 1)
+
+    def ended(self, name: str, failed: bool = False, now: float | None = None) -> None:
+        """A call on ``name`` ended (``failed``: for a server's or the
+        network's reason: every kept answer is forgotten)."""
         tally(self.in_flight, name, -1)
+        if now is not None:
+            times = self.ended_at.get(name)
+            if times is None:
+                times = self.ended_at[name] = deque()
+            horizon = now - CHOICE_MEMORY
+            while times and times[0] < horizon:     # only the last CHOICE_MEMORY s, whoever asks
+                times.popleft()
+            times.append(now)
         if failed:
             self.kept.clear()
 

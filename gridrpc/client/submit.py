@@ -290,7 +290,7 @@ class SubmitMixin:
         chosen = call._chosen
         if chosen is not None:
             call._chosen = None
-            self._reuse.ended(chosen, failed=server_failed(flight.machine, flight.outcome))
+            self._reuse.ended(chosen, failed=server_failed(flight.machine, flight.outcome), now=self.loop.time())
 
     def _settle(self, call: Call, outcome) -> tuple[bool, Any]:
         """``(True, value)`` or ``(False, exception)`` for the machine's outcome (the exception is

@@ -37,14 +37,15 @@ Rules worth knowing:
   CALL again under the same id: a SeD answers a known id from its cache and
   never runs a call twice.
 - Failover only when ``policy.failover``; otherwise only the first candidate.
-- Late binding: when the discovery answer showed the first candidate free (a
-  free slot, nothing waiting) and there are others, each candidate in turn is
-  sent the CALL with ``start_now``; a server that cannot start the call at
-  once answers ERROR ``busy`` (with its ``est_wait``) without queueing it
-  (the pushed state was stale), and the next candidate is tried. When every
-  candidate was busy, the call is queued (no ``start_now``) on the one that
-  announced the shortest wait. A ``busy`` to a CALL that was not a probe is
-  an ordinary failover.
+- Late binding: when the first candidate is free (a free slot, nothing
+  waiting) by the discovery answer's estimation, or by the caller's own
+  count when it gives one (``Discovered.first_free``), and there are
+  others, each candidate in turn is sent the CALL with ``start_now``; a
+  server that cannot start the call at once answers ERROR ``busy`` (with
+  its ``est_wait``) without queueing it (the pushed state was stale), and
+  the next candidate is tried. When every candidate was busy, the call is
+  queued (no ``start_now``) on the one that announced the shortest wait. A
+  ``busy`` to a CALL that was not a probe is an ordinary failover.
 - Every server given up on while it may still hold the call receives a
   CANCEL (not after its RESULT, ERROR or a PONG ``unknown``, nor when the
   CALL could not be sent).
@@ -121,7 +122,7 @@ class CallMachine(Rediscovery):
                  "server", "address", "attempts", "sent_at", "last_news", "last_ping", "patience",
                  "cancel_at", "failures", "now", "discover", "discoveries", "retry_at", "retry_until",
                  "excluded", "last_error", "idempotent", "server_state", "probing", "probed", "busy_waits",
-                 "late_binding")
+                 "late_binding", "first_free")
 
     def __init__(self, service: str, candidates: Sequence[Target] = (), *, policy: CallPolicy,
                  deadline: float | None = None, new_id: Callable[[], str], noun: str = "server",
@@ -143,6 +144,7 @@ class CallMachine(Rediscovery):
         self.probing = False                # late binding: candidates are asked "start now or say busy"
         self.probed = False                 # the current attempt was such a probe
         self.busy_waits: dict[int, float] = {}  # candidate index -> the wait it announced when busy
+        self.first_free: bool | None = None  # the caller's count of the first candidate (Discovered)
         self.policy = policy
         self.deadline = deadline
         self.new_id = new_id
@@ -377,10 +379,13 @@ class CallMachine(Rediscovery):
         self.patience = 0.0
         self.server_state = None
         self.idempotent = getattr(c, "idempotent", True) is not False
-        # late binding: when the discovery saw the best server free, every candidate is asked to
-        # start the call at once or answer "busy" (the view was stale); see _busy
+        # late binding: when the best server is free by the caller's count (else by the discovery's
+        # estimation), every candidate is asked to start the call at once or answer "busy" (the view
+        # was stale); see _busy
         if i == 0 and probe is None:
-            self.probing = self.late_binding and len(self.candidates) > 1 and _seen_free(c)
+            free = self.first_free
+            self.probing = (self.late_binding and len(self.candidates) > 1
+                            and (_seen_free(c) if free is None else free))
             self.busy_waits = {}
         self.probed = self.probing if probe is None else probe
         return [SendCall(self.id, self.server, self.address, self.probed)]

@@ -43,6 +43,7 @@ class Rediscovery:
             return self._retry_or_fail(now, CallError(kind="no_server",
                                                       message=f"no server available for {self.service!r}"))
         self.candidates = tuple(servers) if self.policy.failover else tuple(servers)[:1]
+        self.first_free = ev.first_free if servers[0] is ev.servers[0] else None
         return self._send_to(0, now)
 
     def _discovery_failed(self, ev: DiscoveryFailed, now: float) -> list:

@@ -116,8 +116,16 @@ class Accepted:
 @dataclass(frozen=True, slots=True)
 class Discovered:
     """The agents answered: ranked candidates (objects with ``name``,
-    ``address`` and optionally ``idempotent``)."""
+    ``address`` and optionally ``idempotent``). ``first_free``: whether the
+    caller counts a free slot on the first candidate (its own calls there,
+    which the answer's estimation may not show yet, or may show after they
+    ended; :mod:`gridrpc.client.reuse`): True, the call is a late-binding
+    probe; False, it is queued there (a probe would find every candidate
+    full of the caller's own calls, and the calls of a burst would then all
+    queue on the one that announced the shortest wait); None, the answer's
+    estimation decides."""
     servers: Sequence[Any]
+    first_free: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,14 +38,23 @@ class Done:
     timed_out: list
 
 
+#: seconds the root remembers a first choice (DiscoveryTable): its answers show the choice as a
+#: waiting call until a snapshot taken after it arrives, at most this long
+CHOICE_MEMORY = 1.0
+
+
 class DiscoveryTable:
     """``remember`` (for the root agent): recent first choices are remembered
     for ``memory`` seconds and shown to the aggregator as load — the chosen
     server's ``time_since_last_solve`` restarts and its ``num_waiting`` grows —
     so concurrent discoveries, answered before any call reached the chosen
-    SeD, spread over the servers instead of all picking the same one."""
+    SeD, spread over the servers instead of all picking the same one. A
+    call shorter than the SeD's push coalescing leaves no snapshot behind
+    it, so its choice is shown as a waiting call for the whole memory after
+    the call ended (clients discount what their own recent calls explain,
+    gridrpc.client.reuse)."""
 
-    def __init__(self, rng: random.Random, remember: bool = False, memory: float = 1.0) -> None:
+    def __init__(self, rng: random.Random, remember: bool = False, memory: float = CHOICE_MEMORY) -> None:
         self.rng = rng
         self.pending: dict[str, Pending] = {}
         self.remember = remember

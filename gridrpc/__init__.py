@@ -6,29 +6,44 @@ of agents over ZeroMQ.
         client.call("add", 1, 2)
 
 The public surface is ``__all__`` (pinned by tests/test_public_api.py; the
-contract is docs/api.md). The GridRPC standard API is the ``gridrpc.grpc``
-module.
+Python API is shown in README.md, "Tutorial"; the GridRPC standard API is the
+``gridrpc.grpc`` module, docs/gridrpc-api.md).
+
+``import gridrpc`` loads only the errors: every other public name is imported
+on first use (PEP 562), so a process pays for the client, the agents or the
+SeD only when it uses them, and for numpy, aiohttp, pydantic, rich, PyYAML,
+psutil only on the paths that need them (tests/test_imports.py pins this).
 """
-from .client import AsyncClient, Call, Client, ClientOptions, Handle, ServerInfo, wait
-from .client.data import DataRef
-from .errors import (CallCancelled, CallPreempted, CommunicationError, ConfigError, DataAccessDenied, DataError,
+from .errors import (AuthenticationError, CallCancelled, CallPreempted, CommunicationError, ConfigError, DataAccessDenied, DataError,
                      DataLost, GridRPCError, InvalidArgument, MessageTooLarge, NoServerAvailable, ProtocolError,
                      Refused, RemoteError, ServerLost, ServiceNotFound, Timeout, WorkerDied)
-from .files import File
-from .local_agent import LocalAgent
-from .sed import SeD
 
 __version__ = "0.1.0"
 
+#: public name -> the module that defines it, imported when the name is first used
+_LAZY = {
+    **dict.fromkeys(("AsyncClient", "Call", "Client", "ClientOptions", "Handle", "ServerInfo", "wait"), ".client"),
+    "DataRef": ".client.data",
+    "File": ".files",
+    "LocalAgent": ".local_agent",
+    "MasterAgent": ".master_agent",
+    "SeD": ".sed",
+}
+
 
 def __getattr__(name: str):
-    # the MA brings its HTTP API (aiohttp, ~10 MB and ~0.1 s to import): loaded when first
-    # used, not in every SeD, LA and client process that imports gridrpc
-    if name == "MasterAgent":
-        from .master_agent import MasterAgent
-        globals()["MasterAgent"] = MasterAgent
-        return MasterAgent
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     # clients
@@ -39,7 +54,7 @@ __all__ = [
     "MasterAgent", "LocalAgent", "SeD",
     # errors (one root: GridRPCError)
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
-    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
+    "CommunicationError", "AuthenticationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
     "RemoteError", "WorkerDied", "ServerLost", "DataError", "DataLost", "DataAccessDenied",
     "__version__",
 ]

@@ -57,11 +57,41 @@ def test_call_and_services_against_processes(proc_tree):
     assert r.returncode == 0 and "add(x:int, y:int)" in r.stdout
     r = run("discover", "add", "--ma", ma.address)
     assert r.returncode == 0 and "s1" in r.stdout
+    # a whole `gridrpc call` loads none of the heavy packages (tests/test_imports.py: the import alone)
+    code = (f"import sys\nfrom gridrpc.cli import main\nrc = main(['call', 'add', '2', '40', '--ma', {ma.address!r}])\n"
+            "print(rc, sorted(m for m in ('numpy', 'scipy', 'aiohttp', 'pydantic', 'yaml', 'rich', "
+            "'prometheus_client', 'psutil') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["42", "0 []"], r.stdout + r.stderr
+
+
+def _only_the_message(r, start: str) -> None:
+    """stderr is the command's one clear line: no traceback, no asyncio noise."""
+    for noise in ("Traceback", "never retrieved", "Task was destroyed", "Exception ignored"):
+        assert noise not in r.stderr, r.stderr
+    assert r.stderr.startswith(start) and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_call_unreachable_ma():
     r = run("call", "add", "1", "2", "--ma", f"tcp://127.0.0.1:{free_port()}", "--timeout", "2")
     assert r.returncode == 1 and "did not answer" in r.stderr
+    _only_the_message(r, "gridrpc call: Timeout: ")
+
+
+def test_error_paths_print_only_their_message(tmp_path):
+    r = run("call", "add", "1", "2", "--ma", "bogus::addr")
+    assert r.returncode == 2
+    _only_the_message(r, "gridrpc call: error: --ma: ")
+    r = run("workflow", "run", str(tmp_path / "missing.yaml"), "--ma", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 2
+    _only_the_message(r, "gridrpc workflow run: cannot read ")
+    (tmp_path / "wf.yaml").write_text("steps: 3\n")
+    r = run("workflow", "run", str(tmp_path / "wf.yaml"), "--ma", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 2 and "needs a 'nodes' mapping" in r.stderr
+    _only_the_message(r, "gridrpc workflow run: ")
+    r = run("deploy", "status", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 1
+    _only_the_message(r, "gridrpc deploy status: ")
 
 
 def test_deploy_bad_file(tmp_path):
@@ -126,3 +156,24 @@ def test_data_cache_options_reach_a_real_sed(proc_tree):
         assert c.get(small) == b"x" * 1000
         with pytest.raises(gridrpc.DataError, match="4000|budget|fit"):
             c.put(b"y" * 10_000, server="sed-d")
+
+
+def test_ctrl_c_inside_code_compiled_from_a_string_still_exits_130():
+    """A Ctrl-C that lands while ``exec(str)`` runs (a namedtuple or a
+    dataclass being made by a module imported when first needed) left
+    CPython's "unhandled KeyboardInterrupt" flag set although ``main``
+    handled it: ``python -m gridrpc`` then died by SIGINT (-2), not 130
+    (``deploy logs -f`` interrupted while it first imported psutil)."""
+    code = ("import ctypes, sys, gridrpc.cli as cli\n"
+            "try:\n"
+            "    flag = ctypes.c_int.in_dll(ctypes.pythonapi, '_Py_UnhandledKeyboardInterrupt')\n"
+            "except ValueError:\n"
+            "    print('no flag'); sys.exit()\n"
+            "cli._main = lambda argv: exec('raise KeyboardInterrupt')\n"
+            "print(cli.main([]), flag.value)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    if r.stdout.strip() == "no flag":
+        pytest.skip("this Python keeps the flag elsewhere")
+    assert r.stdout.split() == ["130", "0"], r.stdout
+    assert "interrupted" in r.stderr

@@ -28,3 +28,36 @@ def test_close_with_calls_in_flight_is_quiet():
     assert "sync CommunicationError" in r.stdout
     for noise in ("Task was destroyed", "unhandled exception", "was never retrieved"):
         assert noise not in r.stderr, r.stderr
+
+
+def test_close_just_after_a_discovery_gave_up_is_quiet():
+    """A discovery cancelled (as a call's timeout ends it) and the client
+    closed before the discovery's task ran again: ``aclose`` fails the
+    pending answer with "client closed"; the request that gave up consumes
+    it, and asyncio has no "Future exception was never retrieved" to log
+    when the future is collected (``gridrpc call`` printed it on stderr)."""
+    import asyncio
+    import gc
+
+    import gridrpc
+    from tests.proc_tree import free_port
+
+    logged = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: logged.append(ctx))
+        c = gridrpc.AsyncClient(f"tcp://127.0.0.1:{free_port()}", discovery_timeout=30)   # nobody there
+        await c.start()
+        ask = asyncio.ensure_future(c.discover("add"))
+        await asyncio.sleep(0.05)          # it waits for the MA's answer
+        assert c._pending, "the discovery should be waiting for an answer"
+        ask.cancel()
+        await c.aclose()                    # fails the answer before ``ask`` runs its cancellation
+        await asyncio.gather(ask, return_exceptions=True)
+        del ask
+        gc.collect()
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    gc.collect()
+    assert not [ctx.get("message") for ctx in logged], logged

@@ -360,3 +360,16 @@ def test_cpus_reaches_every_command_line_and_is_checked(tmp_path):
     for bad in ("cpus: -1}", "cpus: 3-1}", "cpus: x}", "cpus: []}"):
         msg = problems(write(tmp_path, GOOD.replace("queue: fcfs}", f"queue: fcfs, {bad}"), "b.yaml"))
         assert "seds[0].cpus" in msg, msg
+
+
+def test_status_prints_numbers_as_people_read_them():
+    from gridrpc.deploy.runner import format_status
+    row = {"name": "sed-1", "kind": "sed", "parent": None, "host": "localhost", "pid": 1, "process": "running",
+           "tree": "alive", "address": None,
+           "load": {"num_running": 1, "num_waiting": 0, "completed": 12, "free_cpu": 0.28400000000000003}}
+    text = format_status([row])
+    assert "free_cpu=0.284" in text and "0.28400000000000003" not in text, text
+    assert "num_running=1 num_waiting=0 completed=12" in text, text     # integers stay integers
+    from gridrpc.cli.values import format_number
+    assert [format_number(v) for v in (1 / 3, 12345.678, 7, True, None)] == [
+        "0.3333", "1.235e+04", "7", "True", "None"]

@@ -87,7 +87,12 @@ def test_sigstop_la_during_discovery(proc_tree):
         proc_tree.sed(f"a{i}", la1.address)
         proc_tree.sed(f"b{i}", la2.address)
     with gridrpc.Client(ma.address, discovery_timeout=5, discovery_budget=0.5) as c:
-        wait_for(lambda: len(c.discover("add", 10)) == 4, 10, "all four SeDs discoverable")
+        def all_four():
+            try:
+                return len(c.discover("add", 10)) == 4
+            except gridrpc.NoServerAvailable:   # the MA's rebuild window: no SeD attached yet
+                return False
+        wait_for(all_four, 10, "all four SeDs discoverable")
         la2.signal(signal.SIGSTOP)
         try:
             t = time.monotonic()

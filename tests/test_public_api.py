@@ -12,9 +12,9 @@ PUBLIC = {
     "File", "DataRef",
     "MasterAgent", "LocalAgent", "SeD",
     "GridRPCError", "ConfigError", "ProtocolError", "ServiceNotFound", "NoServerAvailable",
-    "CommunicationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge", "InvalidArgument", "Refused",
-    "RemoteError", "WorkerDied", "ServerLost", "DataError", "DataLost", "DataAccessDenied",
-    "__version__",
+    "CommunicationError", "AuthenticationError", "Timeout", "CallCancelled", "CallPreempted", "MessageTooLarge",
+    "InvalidArgument", "Refused", "RemoteError", "WorkerDied", "ServerLost", "DataError", "DataLost",
+    "DataAccessDenied", "__version__",
 }
 
 #: the names the public contract (api.md) fixes at the top level

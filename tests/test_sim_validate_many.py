@@ -250,3 +250,20 @@ def test_the_throughput_error_split_into_cpu_used_and_cpu_per_call():
     text = v.format_many(res)
     assert "1.60 =  200% /  150% (1.33) x   3000 /   2500 us (1.20)" in text
     json.dumps(res)
+
+
+def test_calibrate_without_scipy_names_the_extra(monkeypatch):
+    """scipy is in the ``sim`` extra, not a core dependency: without it the
+    fit says which extra to install, no traceback."""
+    import subprocess
+    import sys
+    code = ("import sys\nsys.modules['scipy'] = None\n"       # `import scipy` now raises ImportError
+            "from gridrpc.cli import main\nraise SystemExit(main(['sim', 'calibrate']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "pip install 'gridrpc[sim]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from gridrpc.errors import ConfigError
+    from gridrpc.sim import calibrate
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+    with pytest.raises(ConfigError, match=r"gridrpc\[sim\]"):
+        calibrate._nnls([[1.0]], [1.0])

@@ -10,7 +10,7 @@ import os
 import sys
 
 from .security import _client_security, add_client_key_arguments
-from .values import _jsonable, _num, format_value, to_json
+from .values import _jsonable, format_number, format_value, to_json
 
 DEFAULT_MA = "tcp://127.0.0.1:5555"
 
@@ -202,7 +202,7 @@ def cmd_discover(a: argparse.Namespace) -> int:
         print(f"no server offers {a.service!r}")
     for i, s in enumerate(servers, 1):
         est = s.estimation
-        print(f"{i:3d}. {s.name:20s} {s.address:28s} tcomp={_num(est.get('tcomp', 0))} "
-              f"waiting={_num(est.get('num_waiting'))} running={_num(est.get('num_running'))} "
-              f"free_cpu={_num(est.get('free_cpu'))}")
+        print(f"{i:3d}. {s.name:20s} {s.address:28s} tcomp={format_number(est.get('tcomp', 0))} "
+              f"waiting={format_number(est.get('num_waiting'))} running={format_number(est.get('num_running'))} "
+              f"free_cpu={format_number(est.get('free_cpu'))}")
     return 0

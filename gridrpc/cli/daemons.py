@@ -90,8 +90,20 @@ def _child_opts(p: argparse.ArgumentParser) -> None:
                    help="exit when the parent stays gone this long and nothing runs (s)")
 
 
-def add_daemon_parsers(sub) -> None:
-    """``gridrpc ma``, ``gridrpc la``, ``gridrpc sed``."""
+def add_daemon_parsers(sub, commands=("ma", "la", "sed")) -> None:
+    """``gridrpc ma``, ``gridrpc la``, ``gridrpc sed`` (those of ``commands``)."""
+    if "ma" in commands:
+        _add_ma_parser(sub)
+    if "la" in commands:
+        p = sub.add_parser("la", help="run a Local Agent")
+        _common_daemon(p, 0)
+        _child_opts(p)
+        _view_opts(p, root=False)
+    if "sed" in commands:
+        _add_sed_parser(sub)
+
+
+def _add_ma_parser(sub) -> None:
     p = sub.add_parser("ma", help="run a Master Agent (root of the tree)")
     _common_daemon(p, 5555)
     p.add_argument("--http-port", type=int, default=None, help="serve the HTTP status API on this port")
@@ -116,11 +128,8 @@ def add_daemon_parsers(sub) -> None:
                         "more than S seconds (est_wait); default: only for services this tree lacks")
     _view_opts(p, root=True)
 
-    p = sub.add_parser("la", help="run a Local Agent")
-    _common_daemon(p, 0)
-    _child_opts(p)
-    _view_opts(p, root=False)
 
+def _add_sed_parser(sub) -> None:
     p = sub.add_parser("sed", help="run a SeD (server daemon) offering services")
     _common_daemon(p, 0)
     _child_opts(p)

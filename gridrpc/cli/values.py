@@ -1,24 +1,30 @@
 """Values as the ``gridrpc`` client commands print them: for people
-(:func:`format_value`) and for programs (:func:`to_json`, ``gridrpc call
---json``)."""
+(:func:`format_value`, :func:`format_number`) and for programs
+(:func:`to_json`, ``gridrpc call --json``)."""
 from __future__ import annotations
 
 import base64
 import json
 import math
 import os
+import sys
+
+
+def _numpy():
+    """numpy if it is imported (a value can only be an array then), else None."""
+    return sys.modules.get("numpy")
 
 
 def format_value(value) -> str:
     """A result as people read it: strings as they are, numbers as Python
     prints them, numpy arrays as numpy prints them (``[0.5 0.5]``),
     containers as JSON (arrays inside as lists), bytes as ``b'...'``."""
-    import numpy as np
     if isinstance(value, str):
         return value
-    if isinstance(value, np.ndarray):
+    np = _numpy()
+    if np is not None and isinstance(value, np.ndarray):
         return str(value.item()) if value.ndim == 0 else np.array2string(value, separator=" ")
-    if isinstance(value, np.generic):
+    if np is not None and isinstance(value, np.generic):
         return format_value(value.item())
     if value is None or isinstance(value, (bool, int, float, complex, bytes, bytearray)):
         return repr(value) if not isinstance(value, bytearray) else repr(bytes(value))
@@ -32,10 +38,10 @@ def format_value(value) -> str:
 
 
 def _human_default(v):
-    import numpy as np
-    if isinstance(v, np.ndarray):
+    np = _numpy()
+    if np is not None and isinstance(v, np.ndarray):
         return v.tolist()
-    if isinstance(v, np.generic):
+    if np is not None and isinstance(v, np.generic):
         return v.item()
     if isinstance(v, (bytes, bytearray)):
         return repr(bytes(v))
@@ -48,7 +54,6 @@ def _human_default(v):
 
 def _jsonable(v):
     """Strict JSON for any value a service may return (see ``to_json``)."""
-    import numpy as np
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
@@ -59,9 +64,10 @@ def _jsonable(v):
         return {"real": _jsonable(v.real), "imag": _jsonable(v.imag)}
     if isinstance(v, (bytes, bytearray, memoryview)):
         return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
-    if isinstance(v, np.ndarray):
+    np = _numpy()
+    if np is not None and isinstance(v, np.ndarray):
         return _jsonable(v.tolist())
-    if isinstance(v, np.generic):
+    if np is not None and isinstance(v, np.generic):
         return _jsonable(v.item())
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
@@ -81,8 +87,10 @@ def to_json(value) -> str:
     return json.dumps(_jsonable(value), allow_nan=False, ensure_ascii=False)
 
 
-def _num(v) -> str:
-    """Numbers in tables: 4 significant digits (``0.427``, ``1.235e+04``)."""
+def format_number(v) -> str:
+    """A number in a table or a status line, for people: floats to 4
+    significant digits (``0.284``, not ``0.28400000000000003``; ``1.235e+04``),
+    anything else as ``str`` gives it."""
     if isinstance(v, bool) or v is None:
         return str(v)
     if isinstance(v, float):

@@ -26,6 +26,7 @@ from ..files import read_file
 from ..transport.channel import Channel, connect_dealer
 from .call import Call, ServerInfo
 from .ids import new_id
+from .ma_requests import release_answer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aio import AsyncClient
@@ -167,6 +168,7 @@ class DataClient:
             mt, h, frames = fut.result()
         finally:
             self._pending.pop(header["id"], None)
+            release_answer(fut)
         if mt is MsgType.ERROR:
             raise error_from_wire(h["error"])
         return h, frames

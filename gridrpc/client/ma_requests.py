@@ -26,7 +26,7 @@ from ..transport.handshake import explain
 from .call import ServerInfo
 from .ids import new_id
 
-__all__ = ["MasterAgentRequests"]
+__all__ = ["MasterAgentRequests", "release_answer"]
 
 #: while waiting for the master agent, how often its handshake is checked for a refused key (seconds)
 HANDSHAKE_CHECK_S = 0.25
@@ -93,6 +93,7 @@ class MasterAgentRequests:
                                      f"{', '.join(self.master_agents)} did not answer within {timeout}s") from None
         finally:
             self._pending.pop(header["id"], None)
+            release_answer(fut)
 
     def _raise_if_refused(self) -> None:
         """AuthenticationError when every master agent failed its handshake
@@ -223,6 +224,19 @@ class MasterAgentRequests:
 
 #: discoveries in flight that clients with ``share_discovery`` may join
 _SHARED: dict[tuple, list] = {}         # key -> [the asker's future, how many joined it so far]
+
+
+def release_answer(fut: asyncio.Future) -> None:
+    """A request's answer future as its request stops waiting (answered,
+    timed out or cancelled): cancelled if still pending, else its outcome
+    consumed. ``aclose`` fails the pending futures with "client closed"; a
+    request cancelled just before (a call's own timeout ending its discovery)
+    never read that error, and asyncio logged "Future exception was never
+    retrieved" when the future was collected."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
 
 
 def _share_key(client, service, k, aggregator, args, optional, max_age) -> tuple:

@@ -45,6 +45,18 @@ def _data():
     return data
 
 
+#: argument types that are never a data reference or a pending call
+_SCALARS = frozenset({int, float, str, bool, bytes, type(None)})
+
+
+def _has_data(args: tuple, kwargs: dict) -> bool:
+    """Whether a data reference or a pending call is among the arguments; for
+    scalars only, answered without importing :mod:`gridrpc.client.data`."""
+    if all(type(v) in _SCALARS for v in args) and all(type(v) in _SCALARS for v in kwargs.values()):
+        return False
+    return _data().has_data(args, kwargs)
+
+
 class _DirectFuture(asyncio.Future):
     """The future of a submitted call run without a task. Cancelling it (a
     task awaiting it cancelled, ``cancel_calls`` before the CALL left, the
@@ -131,7 +143,7 @@ class SubmitMixin:
         timeout = timeout if timeout is not None else self.timeout
         if (not keep_result and (server is None or (type(server) is ServerInfo and (
                 self._security is None or server.address in self._server_keys)))
-                and not ((args or kwargs) and _data().has_data(args, kwargs))):
+                and not ((args or kwargs) and _has_data(args, kwargs))):
             self._submit_direct(call, args, kwargs, server, timeout, aggregator)
             return call
         if keep_result:
@@ -230,7 +242,7 @@ class SubmitMixin:
 
     async def _run(self, call: Call, args: tuple, kwargs: dict, server, timeout, aggregator, keep_result=False):
         keep = light = None
-        if keep_result or (args or kwargs) and _data().has_data(args, kwargs):
+        if keep_result or (args or kwargs) and _has_data(args, kwargs):
             d = _data()          # references and pending calls as arguments (gridrpc.client.data)
             keep = getattr(call, "_keep", None) or d.keep_spec(keep_result)
             call._keep = keep

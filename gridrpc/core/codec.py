@@ -24,15 +24,15 @@ Object arrays, sets, arbitrary objects are refused with
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import InvalidArgument, ProtocolError
 
-try:  # numpy is a dependency, but keep the core importable without it
-    import numpy as np
-except ImportError:  # pragma: no cover
-    np = None  # type: ignore[assignment]
+# numpy is imported by the paths that meet an array, not here (it costs more
+# than the rest of a client's start): a value can only be a numpy array if
+# numpy is already in ``sys.modules``, and decoding an array imports it.
 
 _INT_MAX = (1 << 63) - 1
 #: the JSON scalars: :func:`decode` gives each back as itself
@@ -72,11 +72,12 @@ def encode(value: Any, buffers: list, file_reader: Callable[[Any], FileRef] | No
     if t in (bytes, bytearray, memoryview):
         buffers.append(value)
         return {"__t": "b", "i": len(buffers) - 1}
+    np = sys.modules.get("numpy")     # an array (or subclass) exists only once numpy is imported
     if np is not None:
         if isinstance(value, np.ndarray):
-            return _encode_array(value, buffers, "nd")
+            return _encode_array(np, value, buffers, "nd")
         if isinstance(value, np.generic):
-            return _encode_array(np.asarray(value), buffers, "ns")
+            return _encode_array(np, np.asarray(value), buffers, "ns")
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
@@ -100,7 +101,7 @@ def encode(value: Any, buffers: list, file_reader: Callable[[Any], FileRef] | No
                           "dicts, numpy arrays and gridrpc.File")
 
 
-def _encode_array(arr, buffers: list, tag: str) -> dict:
+def _encode_array(np, arr, buffers: list, tag: str) -> dict:
     if arr.dtype.hasobject:
         raise InvalidArgument("numpy arrays of dtype object cannot be sent (no pickle on the wire)")
     if arr.flags.c_contiguous:
@@ -166,6 +167,7 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
         if tag == "b":
             return bytes(buffers[_index(tree)])
         if tag in ("nd", "ns"):
+            np = _numpy()
             dtype = (np.lib.format.descr_to_dtype(_descr(tree["descr"])) if "descr" in tree
                      else np.dtype(tree["dtype"]))
             if dtype.hasobject:
@@ -191,6 +193,15 @@ def decode(tree: Any, buffers: list, file_writer: Callable[[FileRef], Any] | Non
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed encoded value with tag {tag!r}: {exc}") from exc
     raise ProtocolError(f"unknown value tag {tag!r}")
+
+
+def _numpy():
+    """numpy, for decoding an array (imported on the first one)."""
+    try:
+        import numpy
+    except ImportError:     # pragma: no cover - numpy is a dependency
+        raise ProtocolError("received a numpy array, but numpy is not installed here") from None
+    return numpy
 
 
 def _index(tree: dict) -> int:
@@ -227,6 +238,7 @@ def light_description(value: Any) -> Any:
     if ref is not None:
         from .refs import light_ref
         return light_ref(ref())
+    np = sys.modules.get("numpy")     # an array (or subclass) exists only once numpy is imported
     if np is not None and isinstance(value, np.ndarray):
         return {"type": "ndarray", "dtype": value.dtype.str, "shape": list(value.shape)}
     if t in (bytes, bytearray, memoryview):

@@ -16,13 +16,13 @@ import argparse
 import re
 import sys
 import time
-from typing import Any
-
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from .httpclient import ApiError, default_ma, get_json, resolve
+
+if TYPE_CHECKING:  # pragma: no cover - rich is imported by the functions that draw, not by `gridrpc --help`
+    from rich.console import Console, Group
+    from rich.text import Text
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -73,6 +73,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def T(value: Any, style: str = "") -> Text:
     """A cell as plain text: names and messages are never read as rich markup."""
+    from rich.text import Text
     return Text(_CONTROL.sub("?", "" if value is None else str(value)), style=style)
 
 
@@ -108,6 +109,9 @@ def _ordered(elements: list[dict]) -> list[tuple[dict, str]]:
 
 def render(tree: list[dict], stats: dict | None, *, url: str, error: str | None = None) -> Group:
     """One frame (pure: the data in, rich renderables out)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
     stats = stats or {}
     ma = next((e for e in tree if e.get("kind") == "ma"), None)
     ref = _num(ma.get("last_heartbeat")) if ma else None
@@ -208,7 +212,9 @@ def fetch(base: str) -> tuple[list[dict], dict | None]:
 
 
 def run(a: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console(width=a.width, highlight=False)
+    if console is None:
+        from rich.console import Console
+        console = Console(width=a.width, highlight=False)
     try:
         base = resolve(a.ma)
     except ApiError as exc:

@@ -6,7 +6,7 @@ import json
 import sys
 
 
-def add_deploy_parser(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("deploy", help="deploy a tree from a YAML file (up, down, status, logs, plan)")
     dsub = p.add_subparsers(dest="deploy_cmd", metavar="ACTION")
     for name, helptext in (("up", "start every element and wait until all registered"),

@@ -297,9 +297,11 @@ def format_status(rows: list[dict]) -> str:
     lines = [f"{'ELEMENT':24s} {'KIND':4s} {'HOST':12s} {'PID':>8s} {'PROCESS':8s} {'TREE':7s} "
              f"{'ADDRESS':26s} LOAD"]
 
+    from ..cli.values import format_number
+
     def load_text(load: dict) -> str:
         keys = ("children", "num_running", "num_waiting", "completed", "free_cpu")
-        return " ".join(f"{k}={load[k]}" for k in keys if k in load)
+        return " ".join(f"{k}={format_number(load[k])}" for k in keys if k in load)
 
     def walk(r: dict, prefix: str, last: bool, top: bool) -> None:
         branch = "" if top else ("└─ " if last else "├─ ")

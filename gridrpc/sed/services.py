@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numbers
-
-import numpy as np
 
 from ..core.refs import RefTag
 from ..files import File, is_sent_file
@@ -159,7 +158,9 @@ def _checker(ann: Any) -> tuple[str, Callable[[Any], bool]] | None:
         if ann in (int, float, complex):
             return ann.__name__, lambda v: isinstance(v, ok_types) and not isinstance(v, bool)
         return ann.__name__, lambda v: isinstance(v, ok_types)
-    if (isinstance(ann, type) and issubclass(ann, np.ndarray)) or typing.get_origin(ann) is np.ndarray:
+    np = sys.modules.get("numpy")       # an array annotation means its module imported numpy
+    if np is not None and ((isinstance(ann, type) and issubclass(ann, np.ndarray))
+                           or typing.get_origin(ann) is np.ndarray):
         return "ndarray", lambda v: isinstance(v, np.ndarray)
     if typing.get_origin(ann) in (typing.Union, types.UnionType):
         parts = [_checker(a) for a in typing.get_args(ann)]

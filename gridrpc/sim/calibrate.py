@@ -67,6 +67,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
 from .counts import count_discovery, count_load
 from .model import Costs
 from .world import World, discovery_series, elements_for
@@ -82,11 +83,23 @@ TIME_SLICE = 3e-3
 CROWDING_GRID = tuple(i * 0.025 for i in range(13))
 
 
+#: what a fit says where scipy is missing (it is in the ``sim`` extra, not a core dependency)
+NEEDS_SCIPY = "fitting the simulator's costs needs scipy, which is not installed: pip install 'gridrpc[sim]'"
+
+
+def _scipy_nnls():
+    """scipy's ``nnls``, or a :class:`~gridrpc.errors.ConfigError` naming the extra that brings it."""
+    try:
+        from scipy.optimize import nnls
+    except ImportError:
+        raise ConfigError(NEEDS_SCIPY) from None
+    return nnls
+
+
 def _nnls(rows: list[list[float]], ys: list[float]) -> list[float]:
     """Non-negative least squares (scipy's Lawson-Hanson: costs cannot be negative)."""
     import numpy as np
-    from scipy.optimize import nnls
-    x, _ = nnls(np.array(rows), np.array(ys))
+    x, _ = _scipy_nnls()(np.array(rows), np.array(ys))
     return [float(v) for v in x]
 
 
@@ -326,6 +339,11 @@ def load_inputs(study: str = STUDY, suite: str = SUITE) -> tuple[dict, dict | No
 
 
 def cmd_calibrate(a) -> int:
+    try:
+        _scipy_nnls()       # before the inputs are read and counted
+    except ConfigError as exc:
+        print(f"gridrpc sim calibrate: {exc}", file=sys.stderr)
+        return 2
     files = a.study if isinstance(a.study, list) else [a.study] if a.study else []
     files = files or [STUDY]
     loaded = [load_inputs(f, a.suite) for f in files]

@@ -38,14 +38,25 @@ def run(a: argparse.Namespace) -> int:
 
     import gridrpc
     from . import load
-    with open(a.file, encoding="utf-8") as fh:
-        text = fh.read()
+    try:
+        with open(a.file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        print(f"gridrpc workflow run: cannot read {a.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     ma = a.ma or os.environ.get("GRIDRPC_MA") or "tcp://127.0.0.1:5555"
     if "://" not in ma:
         ma = "tcp://" + ma
-    with gridrpc.Client(ma, user=a.user) as client:
-        wf = load(text, client, bandwidth=a.bandwidth)
-        res = wf.run(a.timeout)
+    try:
+        with gridrpc.Client(ma, user=a.user) as client:
+            wf = load(text, client, bandwidth=a.bandwidth)
+            res = wf.run(a.timeout)
+    except gridrpc.ConfigError as exc:
+        print(f"gridrpc workflow run: {a.file}: {exc}", file=sys.stderr)
+        return 2
+    except gridrpc.GridRPCError as exc:
+        print(f"gridrpc workflow run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     for name, value in res.results.items():
         print(f"{name} = {value!r}")
     for name, err in res.errors.items():

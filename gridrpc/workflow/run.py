@@ -203,7 +203,10 @@ def load(spec: dict | str, client, **kw) -> Workflow:
     ``"$name"`` as an argument (or inside a list) is node ``name``'s result."""
     if isinstance(spec, str):
         import yaml
-        spec = yaml.safe_load(spec)
+        try:
+            spec = yaml.safe_load(spec)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"a workflow file must be valid YAML: {exc}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("nodes"), dict):
         raise ConfigError("a workflow file needs a 'nodes' mapping: name -> {service, args, kwargs, server}")
     raw = spec["nodes"]

@@ -61,3 +61,31 @@ def test_close_just_after_a_discovery_gave_up_is_quiet():
     asyncio.run(main())
     gc.collect()
     assert not [ctx.get("message") for ctx in logged], logged
+
+
+def test_ctrl_c_during_a_blocking_call_cancels_it_on_its_server():
+    """A blocking ``Client.call`` waits on a lock the call's future releases:
+    Ctrl-C (KeyboardInterrupt) interrupts the wait at once, and the call is
+    cancelled on its SeD rather than left running."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import gridrpc
+    from gridrpc.testing import LocalTree, wait_for
+    with LocalTree(las=0, seds_under_ma=1, http=False) as t, gridrpc.Client(t.ma_address) as c:
+        sed = t.seds[0]
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))      # a real Ctrl-C
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            c.call("sleep", 30)
+            raise AssertionError("the call was not interrupted")
+        except KeyboardInterrupt:
+            pass
+        finally:
+            timer.cancel()
+        assert time.monotonic() - t0 < 5
+        wait_for(lambda: t.lt.call(lambda: sed.stats["cancelled"]) >= 1, 10, "the call cancelled on the SeD")
+        assert c.call("add", 1, 2) == 3            # the client goes on

@@ -2,12 +2,13 @@
 background thread. Safe to use from several threads at once."""
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures as cf
 import threading
 from typing import Any
 
-from ..errors import Timeout
+from ..errors import CallCancelled, Timeout
 from .aio import AsyncClient
 from .call import Call, ServerInfo
 from .options import ClientOptions
@@ -95,7 +96,49 @@ class Client:
         return self._run(_submit())
 
     def call(self, service: str, *args, **kwargs):
-        return self._run(self._aclient.call(service, *args, **kwargs))
+        """Call and wait for the result. The call is started on the client's
+        loop by one thread-safe callback and this thread waits on a lock the
+        call's own future releases: no coroutine, task or concurrent future
+        per call (a blocking call costs about what an ``AsyncClient`` call
+        does, plus one wake-up of the loop)."""
+        done = _thread.allocate_lock()
+        done.acquire()
+        box: list = []
+        self._loop.call_soon_threadsafe(self._start_call, service, args, kwargs, done, box)
+        try:
+            done.acquire()
+        except BaseException:           # interrupted (Ctrl-C): the call is cancelled on its server
+            self._loop.call_soon_threadsafe(self._cancel_started, box)
+            raise
+        ok, value = box[-1]
+        if ok:
+            return value
+        raise value
+
+    def _start_call(self, service: str, args: tuple, kwargs: dict, done, box: list) -> None:
+        """On the loop: submit the call; its future's end releases the caller."""
+        try:
+            call = self._aclient.submit_nowait(service, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - bad arguments, closed client: the caller raises it
+            box.append((False, exc))
+            done.release()
+            return
+        box.append(call)
+
+        def finished(fut) -> None:
+            if fut.cancelled():
+                box.append((False, CallCancelled(f"call to {service} was cancelled")))
+            elif fut.exception() is not None:
+                box.append((False, fut.exception()))
+            else:
+                box.append((True, fut.result()))
+            done.release()
+        call._task.add_done_callback(finished)
+
+    @staticmethod
+    def _cancel_started(box: list) -> None:
+        if box and isinstance(box[0], Call) and not box[0].done():
+            box[0]._task.cancel()
 
     def cancel_calls(self, calls, timeout: float | None = None) -> int:
         """Cancel many calls at once (see :meth:`AsyncClient.cancel_calls`); returns

@@ -272,3 +272,21 @@ def test_calibrate_fits_the_model_on_small_trees():
     assert all(s["cpu_s"] > 0 and 0 < s["p20_s"] <= s["median_s"] for s in figs["samples"]), figs["samples"]
     assert [(c["seds"], c["las"]) for c in figs["checks"]] == [(8, 2), (16, 2)]
     assert_fit_matches_samples(figs)
+
+
+def test_pack_makes_one_sed_process_per_core_of_each_host():
+    """Every element is one Python process: packed SeDs use a host's cores by
+    running one SeD process per core (shared between the parents on it)."""
+    hosts = {"node": {"cores": 16}, "small": {"cores": 2, "seds": 1, "agents": False}}
+    data, _ = plan(496, {"node": {"cores": 16, "seds": 3}, "small": hosts["small"]}, F, pack=True, name="p",
+                   max_levels=1)
+    seds = data["seds"]
+    per_host: dict[str, list[int]] = {}
+    for s in seds:
+        per_host.setdefault(s["host"], []).append(int(s.get("replicas", 1)))
+    assert len(per_host["node"]) == 16 and len(per_host["small"]) == 2
+    assert sum(per_host["node"]) == 372 and sum(per_host["small"]) == 124
+    assert max(per_host["node"]) - min(per_host["node"]) <= 1              # near-equal processes
+    # a host without 'cores' elsewhere than here counts one core: one process per parent
+    data, _ = plan(40, {"far": {}}, F, pack=True, name="p", max_levels=1)
+    assert len(data["seds"]) == 1 and data["seds"][0]["replicas"] == 40

@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
     q.add_argument("--min-gain", type=float, default=0.5,
                    help="... or within this many milliseconds (default 0.5)")
     q.add_argument("--pack", action="store_true",
-                   help="one SeD process per (host, parent) with replicas instead of one per SeD")
+                   help="SeD processes with replicas instead of one process per SeD: one process per "
+                        "core of each host (its 'cores' key; localhost: this machine's), per parent")
     q.add_argument("--model", choices=("sim", "analytic"), default="sim",
                    help="sim (default): simulate every candidate shape on these hosts with gridrpc.sim; "
                         "analytic: the per-child/per-hop latency formula (--figures)")

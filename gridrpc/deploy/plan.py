@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -165,6 +166,37 @@ def _spread(n: int, hosts: dict[str, dict]) -> list[str]:
     return [h for h in names for _ in range(counts[h])]
 
 
+def host_cores(name: str, settings: dict) -> int:
+    """A host's cores: its ``cores`` key, else this machine's for ``localhost``, else 1."""
+    c = settings.get("cores")
+    if isinstance(c, int) and not isinstance(c, bool) and c >= 1:
+        return c
+    if name in ("localhost", "local", "127.0.0.1"):
+        return os.cpu_count() or 1
+    return 1
+
+
+def _processes_per_group(groups: dict[tuple[str, str], int], hosts: dict[str, dict]) -> dict:
+    """SeD processes for each (host, parent) group when packing: one process
+    per core of the host (each element is one Python process: a node's cores
+    are used by running several), shared between the host's groups in
+    proportion to their SeDs, at least one each and never more than SeDs."""
+    out = {}
+    for h in {h for h, _ in groups}:
+        mine = {k: n for k, n in groups.items() if k[0] == h}
+        total = sum(mine.values())
+        cores = min(host_cores(h, hosts.get(h, {})), total)
+        for k, n in mine.items():
+            out[k] = max(1, min(n, round(cores * n / total)))
+    return out
+
+
+def _split(n: int, k: int) -> list[int]:
+    """``n`` SeDs in ``k`` processes of near-equal size."""
+    q, r = divmod(n, k)
+    return [q + (1 if j < r else 0) for j in range(k)]
+
+
 def _blocks(items: list, k: int) -> list[list]:
     """Split into k contiguous blocks of near-equal size."""
     q, r = divmod(len(items), k)
@@ -252,10 +284,12 @@ def plan(n: int, hosts: dict[str, dict], f: Figures, *, max_levels: int = 4, max
         for i in sed_idx:
             key = (sed_hosts[i], parent_of_sed[i])
             groups[key] = groups.get(key, 0) + 1
+        procs = _processes_per_group(groups, hosts)
         for (h, p), cnt in groups.items():
-            per_host_count[h] = per_host_count.get(h, 0) + 1
-            seds.append({"name": f"sed-{h}-{per_host_count[h]}", "parent": p, "host": h, **sed_common(),
-                         **({"replicas": cnt} if cnt > 1 else {})})
+            for part in _split(cnt, procs[(h, p)]):
+                per_host_count[h] = per_host_count.get(h, 0) + 1
+                seds.append({"name": f"sed-{h}-{per_host_count[h]}", "parent": p, "host": h, **sed_common(),
+                             **({"replicas": part} if part > 1 else {})})
     else:
         for i in sed_idx:
             h = sed_hosts[i]

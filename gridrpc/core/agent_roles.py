@@ -37,8 +37,10 @@ class Role(Protocol):
     def no_offer(self, request_id: str, service: str) -> dict | None:
         """The answer when no child offers ``service`` (None: an empty answer)."""
 
-    def finished(self, request_id: str, service: str, k: int, done: Done) -> dict | None:
-        """The answer to a finished discovery (None: the ranked SERVERS)."""
+    def finished(self, request_id: str, service: str, k: int, done: Done, busy: frozenset = frozenset()) -> dict | None:
+        """The answer to a finished discovery (None: the ranked SERVERS).
+        ``busy``: the children among ``done.timed_out`` that are alive (heard
+        from within their heartbeat timeout) but did not answer in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,7 @@ class LocalRole:
     def no_offer(self, request_id: str, service: str) -> dict | None:
         return None
 
-    def finished(self, request_id: str, service: str, k: int, done: Done) -> dict | None:
+    def finished(self, request_id: str, service: str, k: int, done: Done, busy: frozenset = frozenset()) -> dict | None:
         return None
 
 
@@ -67,7 +69,7 @@ class MasterRole:
     def no_offer(self, request_id: str, service: str) -> dict | None:
         return m.error_header(request_id, "service_not_found", f"no server in the tree offers {service!r}")
 
-    def finished(self, request_id: str, service: str, k: int, done: Done) -> dict | None:
+    def finished(self, request_id: str, service: str, k: int, done: Done, busy: frozenset = frozenset()) -> dict | None:
         if done.servers or k <= 0:
             return None
         if not done.timed_out and done.answered:
@@ -76,5 +78,14 @@ class MasterRole:
             return m.error_header(request_id, "no_acceptable_server",
                                   f"none of the {done.answered} servers offering {service!r} is acceptable "
                                   "to the aggregator of this request")
-        silent = f" (silent: {', '.join(done.timed_out)})" if done.timed_out else ""
-        return m.error_header(request_id, "no_server", f"no server answered for {service!r} in time{silent}")
+        # an agent alive but too busy to answer in the budget is not silent: the user is told which
+        # it was (the client retries either within the call's own timeout)
+        late = [n for n in done.timed_out if n in busy]
+        silent = [n for n in done.timed_out if n not in busy]
+        why = []
+        if late:
+            why.append(f"busy: {', '.join(late)} (alive, no answer within the discovery budget)")
+        if silent:
+            why.append(f"silent: {', '.join(silent)} (no heartbeat lately)")
+        detail = f" ({'; '.join(why)})" if why else ""
+        return m.error_header(request_id, "no_server", f"no server answered for {service!r} in time{detail}")

@@ -448,3 +448,21 @@ def test_one_users_big_calls_are_bounded_not_others(bounded_args_site):
         assert a.call("echo", blob, server="sed-1") == blob          # another user: not counted against
         assert all(c.result(30) == blob for c in queued)
         assert b.call("echo", blob, server="sed-1") == blob          # freed when the calls ended
+
+
+# == a mixed attack =========================================================================
+@pytest.mark.slow
+def test_under_a_mixed_attack_a_well_behaved_user_keeps_working():
+    """Two hostile users flood a tree at once (data sources, big values, tiny
+    puts, nesting, big discoveries, calls): the well-behaved user's calls all
+    succeed, no element is dropped from the tree, and every daemon's
+    descriptors stay bounded. (Latency figures: python -m benchmarks.attack,
+    docs/security.md.)"""
+    from benchmarks.attack import run
+    r = run(3.0, secure=False)
+    assert r["attack"]["calls"] > 50 and not r["attack"]["failed"], r["attack"]
+    assert r["dropped"] == [], r["tree_after"]
+    assert all(p["fds"] < 200 for p in r["daemons"].values()), r["daemons"]
+    assert sum(s["sent"] for s in r["attackers"].values()) > 1000          # the attack did happen
+    answered = {k for s in r["attackers"].values() for k in s["answers"]}
+    assert {"error:protocol", "error:refused"} <= answered, answered      # refused, clearly, not ignored

@@ -115,6 +115,29 @@ def dumps(header: dict) -> bytes:
         raise ProtocolError(f"header cannot be serialised: {exc}") from exc
 
 
+#: deepest nesting of lists and objects a header may have
+MAX_DEPTH = 255
+
+
+def _brackets(raw) -> int:
+    b = raw if isinstance(raw, bytes) else bytes(raw)
+    return b.count(b"[") + b.count(b"{")
+
+
+def _depth_over(value, limit: int) -> bool:
+    """Whether ``value`` nests lists/objects deeper than ``limit`` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            return True
+        if type(v) is dict:
+            stack.extend((x, d + 1) for x in v.values() if type(x) is dict or type(x) is list)
+        elif type(v) is list:
+            stack.extend((x, d + 1) for x in v if type(x) is dict or type(x) is list)
+    return False
+
+
 def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
     """Decode and validate a header frame. Raises ProtocolError with a reason
     (naming the field at fault); never anything else."""
@@ -124,6 +147,10 @@ def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
         raise ProtocolError(f"header is not valid JSON: {exc}") from exc
     if type(h) is not dict:
         raise ProtocolError("header must be a JSON object")
+    if len(raw) > MAX_DEPTH and _brackets(raw) > MAX_DEPTH and _depth_over(h, MAX_DEPTH):
+        # refused before any handler walks it (a recursive walk of 900 levels cost a SeD 5 ms and a
+        # RecursionError per message); no value a peer can encode is deeper (orjson writes 254 levels)
+        raise ProtocolError(f"header nested deeper than {MAX_DEPTH} levels")
     v = h.get("v")
     if type(v) is not int or v != PROTOCOL_VERSION:       # true == 1 in Python, not on the wire
         raise ProtocolError(f"unsupported protocol version {v!r:.40} (this peer speaks {PROTOCOL_VERSION})")

@@ -279,7 +279,7 @@ ODD = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 
 def test_default_rank_inlined_is_the_keyed_sort(ests, seed):
     """``default``'s rank (its key inlined) gives the order, and draws the
     random numbers, of the generic keyed sort with the documented key."""
-    from gridrpc.core.aggregators import _est, _keyed, _num, make_aggregator
+    from gridrpc.core.aggregators import _est, _keyed, make_aggregator, num as _num
     servers = [{"name": f"s{i}", "estimation": e} for i, e in enumerate(ests)]
 
     def key(s):

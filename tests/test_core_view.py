@@ -10,8 +10,8 @@ from gridrpc.core.agent import (AgentConfig, AgentState, LocalRole, MasterRole, 
                                 Tick)
 from gridrpc.core.aggregators import make_aggregator
 from gridrpc.core.messages import MsgType
-from gridrpc.core.view import _VOLATILE as VOL
-from gridrpc.core.view import _num
+from gridrpc.core.view import VOLATILE as VOL
+from gridrpc.core.view import num as _num
 from gridrpc.core.view import ChildLatency, PushRule, SubtreeView, near_equal, power_of_two, split_common
 
 ADDR = {"sed-1": "tcp://h:1", "sed-2": "tcp://h:2", "sed-3": "tcp://h:3"}

@@ -22,7 +22,7 @@ import sys
 
 from .client import DEFAULT_MA, add_client_parsers, cmd_call, cmd_client, cmd_discover, cmd_services
 from .daemons import LOG_LEVELS, add_daemon_parsers, cmd_daemon
-from .daemons import _ready_writer, _setup_logging  # noqa: F401 - gridrpc.experiments uses them
+from .daemons import ready_writer, setup_logging  # noqa: F401 - gridrpc.experiments uses them
 from .values import format_number, format_value, to_json
 
 __all__ = ["COMMAND_MODULES", "DEFAULT_MA", "INTERRUPTED", "LOG_LEVELS", "build_parser", "cmd_call", "cmd_daemon",

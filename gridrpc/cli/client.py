@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
-from .security import _client_security, add_client_key_arguments
-from .values import _jsonable, format_number, format_value, to_json
+from .security import client_security_options, add_client_key_arguments
+from .values import jsonable, format_number, format_value, to_json
 
 DEFAULT_MA = "tcp://127.0.0.1:5555"
 
@@ -113,7 +113,7 @@ def cmd_call(a: argparse.Namespace) -> int:
         kwargs[k] = _parse_value(v)
 
     async def go():
-        async with gridrpc.AsyncClient(a.ma, user=a.user, timeout=a.timeout, **_client_security(a)) as c:
+        async with gridrpc.AsyncClient(a.ma, user=a.user, timeout=a.timeout, **client_security_options(a)) as c:
             if any(isinstance(v, list) for v in [*args, *kwargs.values()]):
                 _lists_to_arrays(a.service, args, kwargs, (await c.services()).get(a.service))
             call = await c.submit(a.service, *args, server=a.server, optional=a.optional, **kwargs)
@@ -160,7 +160,7 @@ def cmd_services(a: argparse.Namespace) -> int:
     import gridrpc
 
     async def go():
-        async with gridrpc.AsyncClient(a.ma, discovery_timeout=5, **_client_security(a)) as c:
+        async with gridrpc.AsyncClient(a.ma, discovery_timeout=5, **client_security_options(a)) as c:
             return await c.services()
 
     try:
@@ -186,7 +186,7 @@ def cmd_discover(a: argparse.Namespace) -> int:
     agg = _parse_value(a.aggregator) if a.aggregator else None
 
     async def go():
-        async with gridrpc.AsyncClient(a.ma, **_client_security(a)) as c:
+        async with gridrpc.AsyncClient(a.ma, **client_security_options(a)) as c:
             return await c.discover(a.service, a.max_servers, aggregator=agg)
 
     try:
@@ -195,7 +195,7 @@ def cmd_discover(a: argparse.Namespace) -> int:
         print(f"gridrpc discover: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if a.json:
-        print(json.dumps([{"name": s.name, "address": s.address, "estimation": _jsonable(s.estimation)}
+        print(json.dumps([{"name": s.name, "address": s.address, "estimation": jsonable(s.estimation)}
                           for s in servers], indent=2))
         return 0
     if not servers:

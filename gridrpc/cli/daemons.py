@@ -12,7 +12,7 @@ import math
 import os
 import sys
 
-from .security import _access_rules, _security_kwargs, add_access_arguments, add_daemon_security_arguments
+from .security import access_rules, security_kwargs, add_access_arguments, add_daemon_security_arguments
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -181,12 +181,12 @@ def _add_sed_parser(sub) -> None:
     add_batch_arguments(p)
 
 
-def _setup_logging(level: str) -> None:
+def setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def _ready_writer(path: str | None):
+def ready_writer(path: str | None):
     def ready(d):
         info = {"name": d.name, "address": d.address, "pid": os.getpid()}
         http = getattr(d, "http", None)
@@ -222,7 +222,7 @@ def _peer_keys(security, peers: list[str], specs: list[str]) -> dict:
 def cmd_daemon(a: argparse.Namespace) -> int:
     from .._run import run_daemon
     from ..errors import ConfigError, GridRPCError
-    _setup_logging(a.log_level)
+    setup_logging(a.log_level)
     address = f"tcp://{a.host}:{a.port}"
     hb = dict(hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
     try:
@@ -233,7 +233,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
         parent = (",".join(parse_addresses(a.parent, what="--parent")) if getattr(a, "parent", None) else None)
         from ..plugins import load_aggregator_plugins
         load_aggregator_plugins(a.plugin)
-        hb.update(_security_kwargs(a, parent))
+        hb.update(security_kwargs(a, parent))
         if a.cmd == "ma":
             from ..master_agent import MasterAgent
             peers = [p for text in a.peer for p in parse_addresses(text, what="--peer")]
@@ -265,7 +265,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                            view=a.view, **hb)
         else:
             a.parent = parent
-            hb["access"] = _access_rules(a)
+            hb["access"] = access_rules(a)
             data = {k: v for k, v in (("memory_bytes", a.data_memory_bytes), ("disk_bytes", a.data_disk_bytes),
                                       ("policy", a.data_policy), ("directory", a.data_dir),
                                       ("max_bytes_per_user", a.data_bytes_per_user)) if v is not None}
@@ -282,7 +282,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                 d = _plain_sed(a, address, hb)
                 if d is None:
                     return 2
-        run_daemon(d, ready=_ready_writer(a.ready_file))
+        run_daemon(d, ready=ready_writer(a.ready_file))
     except GridRPCError as exc:
         print(f"gridrpc {a.cmd}: error: {exc}", file=sys.stderr)
         return 2

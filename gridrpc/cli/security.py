@@ -19,7 +19,7 @@ def add_client_key_arguments(p: argparse.ArgumentParser) -> None:
                         "several MAs (--ma a,b): one per MA, comma-separated in the same order")
 
 
-def _client_security(a: argparse.Namespace) -> dict:
+def client_security_options(a: argparse.Namespace) -> dict:
     """Client keywords from --keys/--key/--ma-key (empty without --keys)."""
     if not getattr(a, "keys", None):
         return {}
@@ -54,7 +54,7 @@ def add_access_arguments(p: argparse.ArgumentParser) -> None:
                    help="calls in flight (queued or running) per user on this SeD")
 
 
-def _access_rules(a: argparse.Namespace):
+def access_rules(a: argparse.Namespace):
     from ..errors import ConfigError
     from ..sed.access import AccessRules
 
@@ -69,7 +69,7 @@ def _access_rules(a: argparse.Namespace):
     return AccessRules.build(pairs(a.allow, "--allow"), pairs(a.group, "--group"), a.max_calls_per_user)
 
 
-def _security_kwargs(a: argparse.Namespace, parent: str | None) -> dict:
+def security_kwargs(a: argparse.Namespace, parent: str | None) -> dict:
     """The daemon's CURVE settings from --secure/--keys/--parent-key; refuses
     to serve unauthenticated on a non-loopback address without --insecure."""
     from ..errors import ConfigError

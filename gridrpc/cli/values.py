@@ -52,7 +52,7 @@ def _human_default(v):
     raise TypeError(type(v).__name__)
 
 
-def _jsonable(v):
+def jsonable(v):
     """Strict JSON for any value a service may return (see ``to_json``)."""
     if v is None or isinstance(v, (bool, int, str)):
         return v
@@ -61,18 +61,18 @@ def _jsonable(v):
             return v
         return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
     if isinstance(v, complex):
-        return {"real": _jsonable(v.real), "imag": _jsonable(v.imag)}
+        return {"real": jsonable(v.real), "imag": jsonable(v.imag)}
     if isinstance(v, (bytes, bytearray, memoryview)):
         return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
     np = _numpy()
     if np is not None and isinstance(v, np.ndarray):
-        return _jsonable(v.tolist())
+        return jsonable(v.tolist())
     if np is not None and isinstance(v, np.generic):
-        return _jsonable(v.item())
+        return jsonable(v.item())
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple, set, frozenset)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if hasattr(v, "__fspath__"):
         return os.fspath(v)
     return str(v)
@@ -84,7 +84,7 @@ def to_json(value) -> str:
     bytes as ``{"base64": "..."}``, complex as ``{"real": x, "imag": y}``,
     non-finite floats as the strings ``"NaN"``, ``"Infinity"``,
     ``"-Infinity"`` (as in protobuf's JSON mapping), files as their path."""
-    return json.dumps(_jsonable(value), allow_nan=False, ensure_ascii=False)
+    return json.dumps(jsonable(value), allow_nan=False, ensure_ascii=False)
 
 
 def format_number(v) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from ..core.dispatcher import (Cancel, CallRecord, Finish, LegacyDispatcher, OptionalDispatcher, Submit,
-                               _Dispatcher)
+                               Dispatcher)
 from ..errors import (CallCancelled, CallPreempted, CommunicationError, GridRPCError, NoServerAvailable,
                       Timeout)
 from .call import Call, ServerInfo
@@ -118,7 +118,7 @@ def _classify(exc: BaseException) -> tuple[str, bool]:
 _MANDATORY_FIRST_STEPS = 3     # loop steps: the submit tasks run, launch their calls, the driver flushes
 
 
-async def drive(client, service: str, dispatcher: _Dispatcher, servers: Sequence[ServerInfo], *,
+async def drive(client, service: str, dispatcher: Dispatcher, servers: Sequence[ServerInfo], *,
                 clock: Callable[[], float] = time.time, kwargs: dict | None = None,
                 cancel_timeout: float = 10.0) -> dict[str, Call]:
     """Run ``dispatcher`` (not started yet) to its end with real calls of
@@ -290,14 +290,14 @@ async def run_optional(client, service: str, mandatory: Sequence[Any] = (), opti
     names = [s.name for s in servers]
     if n_submit is None:
         cls = DeadlineAwareDispatcher if skip_late else OptionalDispatcher
-        disp: _Dispatcher = cls(mandatory, optional, abs_deadline, names)
+        disp: Dispatcher = cls(mandatory, optional, abs_deadline, names)
     else:
         disp = LegacyDispatcher(n_submit, mandatory, optional, abs_deadline, names)
     calls = await drive(client, service, disp, servers, clock=clock, kwargs=kwargs)
     return _result(client, disp, calls, len(mandatory), strict)
 
 
-def _result(client, disp: _Dispatcher, calls: dict[str, Call], n_mandatory: int, strict: bool) -> OptionalResult:
+def _result(client, disp: Dispatcher, calls: dict[str, Call], n_mandatory: int, strict: bool) -> OptionalResult:
     mand: list = [None] * n_mandatory
     errors: dict[int, BaseException] = {}
     opt: list[tuple[Any, Any, float]] = []

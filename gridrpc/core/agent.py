@@ -41,7 +41,7 @@ import random
 from dataclasses import dataclass
 
 from . import messages as m
-from .agent_catalogue import AgentStatistics, Catalogue, _Counters
+from .agent_catalogue import AgentStatistics, Catalogue, Counters
 from .agent_discovery import Discovering, group_by_process
 from .agent_events import (ChildLost, ChildrenUpdated, FromParent, FromPeer, PeerUnreachable, Received, Rejected,
                            Send, SendFailed, SendParent, SendPeer, Tick)
@@ -105,7 +105,7 @@ class AgentState(Discovering, Federating, Catalogue):
         self.registry = ChildRegistry(config.name)
         self.discoveries = DiscoveryTable(rng, remember=role.remember_choices)
         self.info: dict = {"kind": role.kind, **(info or {})}
-        self.counters = _Counters()
+        self.counters = Counters()
         self.wall_offset = 0.0          # wall clock minus ``now`` (display only)
         self._seq = 0
         self._reported_version = -1     # registry version the parent last heard

@@ -42,7 +42,7 @@ class AgentStatistics:
 
 
 @dataclass(slots=True)
-class _Counters:
+class Counters:
     discoveries: int = 0
     discoveries_timed_out: int = 0
     discoveries_refused: int = 0

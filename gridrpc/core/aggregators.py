@@ -42,7 +42,7 @@ class Aggregator(Protocol):
     def rank(self, servers: list[Server], rng: random.Random) -> list[Server]: ...
 
 
-def _num(est: dict, tag: str) -> float | None:
+def num(est: dict, tag: str) -> float | None:
     v = est.get(tag)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
         return None
@@ -97,7 +97,7 @@ class DefaultAggregator:
         """The order of :meth:`rank` for a vector taken at time ``at``, the
         same for vectors aged to any common time (the time since the last
         solve grows with age): the time of the last solve, earliest first."""
-        v = _num(est, "time_since_last_solve")
+        v = num(est, "time_since_last_solve")
         return (0, at - v) if v is not None else (1, 0.0)
 
 
@@ -125,25 +125,25 @@ class PriorityAggregator:
             est = _est(s)
             out = []
             for tag, direction in self.order:
-                v = _num(est, tag)
+                v = num(est, tag)
                 out.append((1, 0.0) if v is None else (0, v if direction == "min" else -v))
             return tuple(out)
         return _keyed(servers, rng, key)
 
 
 def _wait(est: dict) -> float:
-    w = _num(est, "est_wait")
+    w = num(est, "est_wait")
     if w is not None:
         return w
-    tcomp = _num(est, "tcomp") or 0.0
-    return ((_num(est, "num_waiting") or 0.0) + (_num(est, "num_running") or 0.0)) * tcomp
+    tcomp = num(est, "tcomp") or 0.0
+    return ((num(est, "num_waiting") or 0.0) + (num(est, "num_running") or 0.0)) * tcomp
 
 
 def _slowdown(est: dict) -> float:
-    s = _num(est, "slowdown")
+    s = num(est, "slowdown")
     if s is not None:
         return s
-    run = _num(est, "tcomp") or 0.0
+    run = num(est, "tcomp") or 0.0
     return (_wait(est) + run) / run if run > 0 else 1.0 + _wait(est)
 
 
@@ -155,7 +155,7 @@ class LeastWaitTimeAggregator:
 
     def rank(self, servers, rng):
         return _keyed(servers, rng, lambda s: (_wait(_est(s)),
-                                               _num(_est(s), "eft") or 0.0))
+                                               num(_est(s), "eft") or 0.0))
 
 
 class LeastSlowdownAggregator:
@@ -178,8 +178,8 @@ class LeastCostAggregator:
 
     def rank(self, servers, rng):
         kept = [s for s in servers
-                if self.max_cost is None or (_num(_est(s), "price") or 0.0) <= self.max_cost]
-        return _keyed(kept, rng, lambda s: (_num(_est(s), "price") or 0.0,
+                if self.max_cost is None or (num(_est(s), "price") or 0.0) <= self.max_cost]
+        return _keyed(kept, rng, lambda s: (num(_est(s), "price") or 0.0,
                                             _slowdown(_est(s))))
 
 
@@ -205,8 +205,8 @@ class LocalityAggregator:
     def rank(self, servers, rng):
         def key(s):
             est = _est(s)
-            fetch = _num(est, "fetch_bytes") or 0.0
-            done = _wait(est) + (_num(est, "tcomp") or 0.0) + fetch / self.bandwidth
+            fetch = num(est, "fetch_bytes") or 0.0
+            done = _wait(est) + (num(est, "tcomp") or 0.0) + fetch / self.bandwidth
             bucket = math.floor(done / self.slack) if self.slack > 0 else done
             return (bucket, fetch)
         return _keyed(servers, rng, key)

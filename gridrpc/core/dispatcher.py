@@ -90,7 +90,7 @@ class CallRecord:
     status: str = "pending"
 
 
-class _Dispatcher:
+class Dispatcher:
     def __init__(self, mandatory: Sequence[Any], optional: Iterable[Any], deadline: float,
                  servers: Sequence[str], *, max_attempts: int | None = None) -> None:
         if not servers:
@@ -276,7 +276,7 @@ class _Dispatcher:
         return actions
 
 
-class OptionalDispatcher(_Dispatcher):
+class OptionalDispatcher(Dispatcher):
     """The DIET-ethic client: ``mandatory`` is the list of the ``n_min``
     mandatory arguments, ``optional`` an iterable (possibly lazy, possibly
     infinite) of optional arguments (``n_max - n_min`` of them), ``deadline``
@@ -307,7 +307,7 @@ class OptionalDispatcher(_Dispatcher):
         return bool(self._pending) or self._has_optional()
 
 
-class LegacyDispatcher(_Dispatcher):
+class LegacyDispatcher(Dispatcher):
     """The baseline client: ``n_submit`` requests in all (``n_min =
     len(mandatory)`` mandatory, then up to ``n_submit - n_min`` optional taken
     from ``optional``), all submitted at :meth:`start`, round-robin over

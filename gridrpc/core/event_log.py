@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
-from .event_types import _CALL_KINDS, ERROR_KINDS, LATENCY_BOUNDS, OUTCOME, TERMINAL, Event, EventKind
+from .event_types import CALL_KINDS, ERROR_KINDS, LATENCY_BOUNDS, OUTCOME, TERMINAL, Event, EventKind
 
 __all__ = ["EventLog", "OTHER", "quantile", "story_summary"]
 
@@ -43,7 +43,7 @@ OTHER = "(other)"     # label for services/users beyond the cardinality caps
 _KIND_NAME = {k: k.value for k in EventKind}
 _QUEUED, _STARTED, _FINISHED = EventKind.CALL_QUEUED, EventKind.CALL_STARTED, EventKind.CALL_FINISHED
 _DISCOVERIES = frozenset({EventKind.DISCOVERY_ANSWERED, EventKind.DISCOVERY_FAILED})
-_AGGREGATED = _CALL_KINDS | _DISCOVERIES                 # the kinds _aggregate counts
+_AGGREGATED = CALL_KINDS | _DISCOVERIES                 # the kinds _aggregate counts
 _ERROR_OUTCOMES = frozenset({EventKind.CALL_FAILED, EventKind.CALL_KILLED})
 
 

@@ -53,7 +53,7 @@ TERMINAL = frozenset(OUTCOME)
 #: kinds kept in the "latest errors" list
 ERROR_KINDS = frozenset({EventKind.CALL_FAILED, EventKind.CALL_KILLED, EventKind.WORKER_DIED,
                          EventKind.DROPPED, EventKind.DISCOVERY_FAILED})
-_CALL_KINDS = frozenset({EventKind.CALL_QUEUED, EventKind.CALL_STARTED}) | TERMINAL
+CALL_KINDS = frozenset({EventKind.CALL_QUEUED, EventKind.CALL_STARTED}) | TERMINAL
 
 #: upper bounds (s) of the latency histograms (Prometheus ``le``), +Inf implied
 LATENCY_BOUNDS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 # the ranking of a view answer; near_equal & co. are imported from here too
-from .view_rank import (_VOLATILE, HERD_GROUP, ViewRanking, _num, age_vector, near_equal,  # noqa: F401
+from .view_rank import (VOLATILE, HERD_GROUP, ViewRanking, num, age_vector, near_equal,  # noqa: F401
                         near_equal_to, power_of_two)
 
 DEFAULT_MAX_AGE = 1.5           # s: a snapshot is fresh for 1.5 heartbeat periods (pushed on every change)

@@ -25,12 +25,12 @@ HERD_GROUP = 64                 # near-equal servers looked for among the first 
 
 #: tags that change with time or by a little without the server changing:
 #: tolerances under which two vectors are "near-equal" (absolute; ``rel``: relative)
-_VOLATILE = {"time_since_last_solve": None, "eft": 0.002, "est_wait": 0.002, "free_cpu": 0.1,
+VOLATILE = {"time_since_last_solve": None, "eft": 0.002, "est_wait": 0.002, "free_cpu": 0.1,
              "free_mem": ("rel", 0.1), "tcomp": ("rel", 0.1)}
 
 
 # -- herding ----------------------------------------------------------------------
-def _num(v: object) -> float | None:
+def num(v: object) -> float | None:
     return float(v) if type(v) in (int, float) and math.isfinite(v) else None
 
 
@@ -40,7 +40,7 @@ _isfinite = math.isfinite
 
 def near_equal(a: dict, b: dict) -> bool:
     """Two estimation vectors the same but for time and small host noise:
-    the tags of ``_VOLATILE`` within their tolerance, every other tag equal,
+    the tags of ``VOLATILE`` within their tolerance, every other tag equal,
     the same load (waiting + running)."""
     return near_equal_to(a)(b)
 
@@ -50,17 +50,17 @@ def near_equal_to(a: dict):
     :func:`power_of_two` applies to every server of a view answer (100,000
     at the root of a big tree). ``tests/test_core_view.py`` checks it against
     a tag-by-tag reference."""
-    load = (_num(a.get("num_waiting")) or 0) + (_num(a.get("num_running")) or 0)
-    fixed = {t: x for t, x in a.items() if t not in _VOLATILE}
-    vol = [(t, _num(a.get(t)), tol) for t, tol in _VOLATILE.items() if tol is not None]
+    load = (num(a.get("num_waiting")) or 0) + (num(a.get("num_running")) or 0)
+    fixed = {t: x for t, x in a.items() if t not in VOLATILE}
+    vol = [(t, num(a.get(t)), tol) for t, tol in VOLATILE.items() if tol is not None]
     nfixed = len(fixed)
 
     def near(b: dict) -> bool:
-        if load != (_num(b.get("num_waiting")) or 0) + (_num(b.get("num_running")) or 0):
+        if load != (num(b.get("num_waiting")) or 0) + (num(b.get("num_running")) or 0):
             return False
         seen = 0
         for tag, y in b.items():
-            if tag in _VOLATILE:
+            if tag in VOLATILE:
                 continue
             if tag in fixed:
                 seen += 1
@@ -74,7 +74,7 @@ def near_equal_to(a: dict):
                     return False
         for tag, fx, tol in vol:
             y = b.get(tag)
-            fy = float(y) if type(y) in _NUMBER and _isfinite(y) else None     # _num, inlined
+            fy = float(y) if type(y) in _NUMBER and _isfinite(y) else None     # num, inlined
             if fx is None or fy is None:
                 if (fx is None) != (fy is None):
                     return False

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 StopResult = Literal["not-running", "terminated", "killed"]
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class LaunchError(GridRPCError):
@@ -107,7 +107,7 @@ def _read_head(path: str | os.PathLike, limit: int = 1 << 20) -> str:
         return ""
 
 
-def _wait_ready_file(launcher, started: "Started", pattern: str, timeout: float,
+def wait_ready_file(launcher, started: "Started", pattern: str, timeout: float,
                      interval: float = 0.05) -> str:
     """Shared by the local and Slurm launchers: poll the local log file."""
     rx = re.compile(pattern, re.M)
@@ -152,7 +152,7 @@ class BatchResult:
     error: "LaunchError | None" = None
 
 
-def _start_each(launcher, items, pattern: str, timeout: float, on_started=None,
+def start_each(launcher, items, pattern: str, timeout: float, on_started=None,
                 max_workers: int = 16) -> dict[str, BatchResult]:
     """Generic ``start_many``: start and wait for each element in threads."""
     import concurrent.futures as cf
@@ -232,7 +232,7 @@ class Launcher(Protocol):
         ...
 
 
-def _log_name(name: str, command: Sequence[str]) -> str:
+def log_name(name: str, command: Sequence[str]) -> str:
     base = name or (Path(command[0]).name if command else "cmd")
     base = re.sub(r"[^A-Za-z0-9_.-]", "_", base)[:60] or "cmd"
     return f"{base}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}.log"
@@ -289,7 +289,7 @@ class LocalLauncher:
             raise LaunchError("empty command", host=self.host)
         logdir = self.workdir / "logs"
         logdir.mkdir(parents=True, exist_ok=True)
-        log_path = logdir / _log_name(name, command)
+        log_path = logdir / log_name(name, command)
         full_env = {**os.environ, **self.env, **(env or {})}
         with open(log_path, "ab") as out:
             try:
@@ -375,11 +375,11 @@ class LocalLauncher:
     def wait_ready(self, started: Started, pattern: str, timeout: float) -> str:
         """Wait until a line of the log matches ``pattern``; return it.
         Raises :class:`NotReady` (with the log tail) on exit or timeout."""
-        return _wait_ready_file(self, started, pattern, timeout)
+        return wait_ready_file(self, started, pattern, timeout)
 
     def start_many(self, items, pattern: str, timeout: float, on_started=None) -> dict[str, "BatchResult"]:
         """Start each (name, command) and wait until its log matches ``pattern``."""
-        return _start_each(self, items, pattern, timeout, on_started)
+        return start_each(self, items, pattern, timeout, on_started)
 
     def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
         return {st.pid: self.alive(st) for st in started}

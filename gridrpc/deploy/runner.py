@@ -35,9 +35,9 @@ from .launchers import (  # noqa: F401 - LaunchError, NotReady, Started: re-expo
     LaunchError, LocalLauncher, NotReady, SlurmLauncher, SSHHostConfig, SSHLauncher, Started)
 from .spec import LOCAL_HOSTS, DeploymentSpec, ElementSpec, HostSpec  # noqa: F401 - LOCAL_HOSTS: re-exported
 from .startup import (  # noqa: F401 - re-exported
-    READY_PATTERN, READY_RE, StartUp, _nodes_cache, _print, _print_lock, allocation_nodes)
+    READY_PATTERN, READY_RE, StartUp, nodes_cache, say, print_lock, allocation_nodes)
 from .state import (  # noqa: F401 - re-exported
-    DeployError, DeploymentState, _first_line, format_status, host_key, state_root)
+    DeployError, DeploymentState, first_line, format_status, host_key, state_root)
 from .teardown import TearDown
 
 
@@ -50,7 +50,7 @@ class Deployment(StartUp, TearDown, DeploymentState):
     """
 
     def __init__(self, spec: DeploymentSpec, *, state_dir: str | Path | None = None,
-                 progress: Callable[[str], None] = _print, ready_timeout: float = 20.0,
+                 progress: Callable[[str], None] = say, ready_timeout: float = 20.0,
                  register_timeout: float = 30.0, stop_timeout: float = 10.0) -> None:
         self.spec = spec
         self.state_dir = Path(state_dir).resolve() if state_dir else state_root() / spec.name

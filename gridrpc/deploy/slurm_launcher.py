@@ -18,8 +18,8 @@ from .launchers import (  # noqa: F401 - shared launcher machinery
     LocalLauncher,
     Started,
     StopResult,
-    _start_each,
-    _wait_ready_file,
+    start_each,
+    wait_ready_file,
 )
 
 log = logging.getLogger(__name__)
@@ -102,10 +102,10 @@ class SlurmLauncher:
         return self._local.logs(started, lines)
 
     def wait_ready(self, started: Started, pattern: str, timeout: float) -> str:
-        return _wait_ready_file(self, started, pattern, timeout)
+        return wait_ready_file(self, started, pattern, timeout)
 
     def start_many(self, items, pattern: str, timeout: float, on_started=None) -> dict[str, "BatchResult"]:
-        return _start_each(self, items, pattern, timeout, on_started)
+        return start_each(self, items, pattern, timeout, on_started)
 
     def alive_many(self, started: Sequence[Started]) -> dict[int, bool]:
         return {st.pid: self.alive(st) for st in started}

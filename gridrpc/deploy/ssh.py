@@ -25,8 +25,8 @@ from .launchers import (  # noqa: F401 - shared launcher machinery
     PythonMissing,
     Started,
     StopResult,
-    _ENV_KEY,
-    _log_name,
+    ENV_KEY,
+    log_name,
 )
 from .ssh_client import SSHHostConfig, classify, close_master, open_script, run_script, ssh_argv
 # the names these had when they lived here
@@ -80,7 +80,7 @@ class SSHLauncher:
     # preflight: workdir, environment, python
     def _check_env(self, env: Mapping[str, str]) -> None:
         for key in env:
-            if not _ENV_KEY.match(key):
+            if not ENV_KEY.match(key):
                 raise LaunchError(f"invalid environment variable name {key!r}", host=self.host)
 
     def _prelude(self, extra_env: Mapping[str, str] | None = None) -> str:
@@ -129,7 +129,7 @@ class SSHLauncher:
               env: Mapping[str, str] | None = None) -> Started:
         if not command:
             raise LaunchError("empty command", host=self.host)
-        logf = "logs/" + _log_name(name, command)
+        logf = "logs/" + log_name(name, command)
         res = self.run(self._prelude(env) + self._check_script()
                        + sh.start_one(command, logf, self.config.check_window))
         self._raise_preflight(res.returncode, res.stdout + res.stderr)
@@ -200,7 +200,7 @@ class SSHLauncher:
         for name, command in items:
             if not command:
                 raise LaunchError(f"empty command for {name}", host=self.host)
-            batch.append((command, "logs/" + _log_name(name, command)))
+            batch.append((command, "logs/" + log_name(name, command)))
         script = self._prelude() + self._check_script() + sh.start_many(batch, pattern, timeout)
         results = {name: BatchResult(name) for name, _ in items}
         report = sh.WatchReport()

@@ -9,7 +9,7 @@ the MA sees every element. On any failure, everything started is stopped
 (:mod:`.teardown`) and the failing element's log tail is shown.
 
 :class:`StartUp` is a mixin of :class:`~gridrpc.deploy.runner.Deployment`.
-Progress lines go to ``progress`` (stderr by default, :func:`_print`).
+Progress lines go to ``progress`` (stderr by default, :func:`say`).
 """
 from __future__ import annotations
 
@@ -25,21 +25,21 @@ import time
 from ..errors import ConfigError, GridRPCError
 from .launchers import LaunchError, NotReady, Started
 from .spec import ElementSpec, HostSpec
-from .state import DeployError, _first_line, host_key, per_host, replica_names
+from .state import DeployError, first_line, host_key, per_host, replica_names
 
 READY_PATTERN = r"^READY [{].*[}]"
 READY_RE = re.compile(r"^READY (\{.*\})\s*$", re.M)
 
-_print_lock = threading.Lock()
+print_lock = threading.Lock()
 
 
-def _print(msg: str) -> None:
-    with _print_lock:  # one write per line: progress comes from several threads
+def say(msg: str) -> None:
+    with print_lock:  # one write per line: progress comes from several threads
         sys.stderr.write(msg + "\n")
         sys.stderr.flush()
 
 
-_nodes_cache: dict[str, list[str]] = {}
+nodes_cache: dict[str, list[str]] = {}
 
 
 def allocation_nodes() -> list[str]:
@@ -47,7 +47,7 @@ def allocation_nodes() -> list[str]:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
     if not nodelist:
         return []
-    if nodelist not in _nodes_cache:
+    if nodelist not in nodes_cache:
         nodes: list[str] = []
         if shutil.which("scontrol"):
             try:
@@ -58,8 +58,8 @@ def allocation_nodes() -> list[str]:
                 nodes = []
         if not nodes and "[" not in nodelist:
             nodes = [n for n in nodelist.split(",") if n]
-        _nodes_cache[nodelist] = nodes
-    return _nodes_cache[nodelist]
+        nodes_cache[nodelist] = nodes
+    return nodes_cache[nodelist]
 
 
 class StartUp:
@@ -160,7 +160,7 @@ class StartUp:
         for errs in per_host(self._start_group, groups.values()):
             errors += errs
         if len(errors) > 1:
-            raise DeployError(f"{errors[0]}\n(also failed: " + "; ".join(_first_line(x) for x in errors[1:]) + ")")
+            raise DeployError(f"{errors[0]}\n(also failed: " + "; ".join(first_line(x) for x in errors[1:]) + ")")
         if errors:
             raise errors[0]
 

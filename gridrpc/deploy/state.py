@@ -31,7 +31,7 @@ def state_root() -> Path:
     return Path(os.environ.get("GRIDRPC_HOME", Path.home() / ".gridrpc")) / "deployments"
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     return (str(text).strip().splitlines() or [""])[0]
 
 

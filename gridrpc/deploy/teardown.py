@@ -11,7 +11,7 @@ reason in ``down_errors``) so a later ``down`` can retry.
 from __future__ import annotations
 
 from ..errors import ConfigError, GridRPCError
-from .state import _first_line, per_host
+from .state import first_line, per_host
 
 
 class TearDown:
@@ -42,7 +42,7 @@ class TearDown:
                 ot = [self.spec.orphan_timeout_for(self.spec.element(n)) for n in members]
                 hint = "" if any(v is None for v in ot) else (
                     f" (they exit by themselves {max(ot):g}s after losing their parent)")
-                res = {self.started[n].pid: f"error: {_first_line(exc)}{hint}" for n in members}
+                res = {self.started[n].pid: f"error: {first_line(exc)}{hint}" for n in members}
             for n in members:
                 r = res.get(self.started[n].pid, "error: no answer")
                 with self._lock:

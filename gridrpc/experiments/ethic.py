@@ -166,7 +166,7 @@ async def _wait_registered(ma: str, cfg: EthicConfig, timeout: float = 60.0) -> 
             await asyncio.sleep(0.2)
 
 
-def _user_details(events: list[dict], m) -> list[dict]:
+def user_details(events: list[dict], m) -> list[dict]:
     arrive = {e["user"]: e for e in events if e["type"] == "user_arrive"}
     done = {e["user"]: e["t"] for e in events if e["type"] == "mandatory_done"}
     starts = {e["call"]: e for e in events if e["type"] == "call_start"}
@@ -189,7 +189,7 @@ def _user_details(events: list[dict], m) -> list[dict]:
     return out
 
 
-def _durations(events: list[dict], task_times: dict[str, float]) -> dict[str, float]:
+def durations(events: list[dict], task_times: dict[str, float]) -> dict[str, float]:
     """SeD-side duration of completed calls relative to the task time: how
     much the runtime adds to each request (1.0 = no overhead)."""
     starts = {e["call"]: e for e in events if e["type"] == "call_start"}
@@ -201,7 +201,7 @@ def _durations(events: list[dict], task_times: dict[str, float]) -> dict[str, fl
     return {"median": ratios[len(ratios) // 2], "p95": ratios[int(len(ratios) * 0.95)], "n": len(ratios)}
 
 
-def _by_deadline(events: list[dict]) -> int:
+def by_deadline(events: list[dict]) -> int:
     """Requests completed by their user's deadline (the paper's count: work
     that finished after it is not counted)."""
     deadline = {e["user"]: e["deadline"] for e in events if e["type"] == "user_arrive"}
@@ -210,7 +210,7 @@ def _by_deadline(events: list[dict]) -> int:
                and e["call"] in user_of and e["t"] <= deadline.get(user_of[e["call"]], float("inf")))
 
 
-def _gaps(events: list[dict]) -> dict[str, float]:
+def gaps(events: list[dict]) -> dict[str, float]:
     """Idle time between consecutive calls on each server (s): the dispatch
     overhead the clients and SeDs add."""
     by_server: dict[str, list[tuple[float, float]]] = {}
@@ -264,12 +264,12 @@ async def run_once(cfg: EthicConfig, ma: str, run: int, seed: int) -> dict[str, 
     task_times = {names[p.user]: p.task_time for p in plans}
     return {"run": run, "seed": seed, "users": len(plans), "unhappy_users": m.unhappy_users,
             "unfairness": m.unfairness, "completed": m.completed,
-            "completed_by_deadline": _by_deadline(events),
+            "completed_by_deadline": by_deadline(events),
             "completed_mandatory": m.completed_mandatory, "completed_optional": m.completed_optional,
             "killed": m.killed, "killed_seconds": m.killed_seconds,
             "duration": max((e["t"] for e in events), default=0.0),
-            "sed_duration_over_T": _durations(events, task_times), "idle_gap": _gaps(events),
-            "user_details": _user_details(events, m), "events": events}
+            "sed_duration_over_T": durations(events, task_times), "idle_gap": gaps(events),
+            "user_details": user_details(events, m), "events": events}
 
 
 def run_experiment(cfg: EthicConfig, *, progress=print) -> dict[str, Any]:

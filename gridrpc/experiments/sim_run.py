@@ -24,7 +24,7 @@ from typing import Any
 
 from ..client.optional import DeadlineAwareDispatcher
 from ..core.dispatcher import OptionalDispatcher
-from .ethic import EthicConfig, _by_deadline, _durations, _gaps, _user_details
+from .ethic import EthicConfig, by_deadline, durations, gaps, user_details
 from .overheads import Overheads
 from .sim_runtime import ScenarioSim
 
@@ -59,11 +59,11 @@ def simulate_once(cfg: EthicConfig, run: int, seed: int, overheads: Overheads, *
     return {"run": run, "seed": seed, "users": len(plans), "unhappy_users": m.unhappy_users + len(not_started),
             "not_started": len(not_started), "horizon": horizon, "unhappy_by_client": late,
             "unfairness": m.unfairness, "completed": m.completed,
-            "completed_by_deadline": _by_deadline(events),
+            "completed_by_deadline": by_deadline(events),
             "completed_mandatory": m.completed_mandatory, "completed_optional": m.completed_optional,
             "killed": m.killed, "killed_seconds": m.killed_seconds, "duration": duration,
-            "sed_duration_over_T": _durations(events, task_times), "idle_gap": _gaps(events),
-            "user_details": _user_details(events, m), "events": events,
+            "sed_duration_over_T": durations(events, task_times), "idle_gap": gaps(events),
+            "user_details": user_details(events, m), "events": events,
             "wall": duration, "sim_wall": sim_wall, "sim_cpu": sim_cpu,
             "cpu_percent": {"ma": 100 * cpu["ma"]["cpu_s"] / span,
                             "sed_processes": 100 * cpu["sed_processes"]["cpu_s"] / span,

@@ -153,15 +153,15 @@ def _sed_main(argv: list[str]) -> int:
     ap.add_argument("--log-level", default="WARNING")
     ap.add_argument("--prestart-workers", type=int, default=1)
     a = ap.parse_args(argv)
-    from ..cli import _ready_writer, _setup_logging
+    from ..cli import ready_writer, setup_logging
     from .._run import run_daemon
     from ..sed import SeD
-    _setup_logging(a.log_level)
+    setup_logging(a.log_level)
     sed = SeD(a.name, a.parent, address=f"tcp://{a.host}:{a.port}", queue=a.queue,
               queue_options=json.loads(a.queue_options), replicas=a.replicas, prestart_workers=a.prestart_workers,
               hb_interval=a.hb_interval, hb_timeout=a.hb_timeout)
     sed.add_service("sleep", a.service)
-    run_daemon(sed, ready=_ready_writer(a.ready_file))
+    run_daemon(sed, ready=ready_writer(a.ready_file))
     return 0
 
 

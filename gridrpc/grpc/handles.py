@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from ..client import ServerInfo
 from .codes import E, GridRPCErrorCode
-from .state import FunctionHandle, _State, _api, _lookup, _valid_handle, cond
+from .state import FunctionHandle, State, api_entry, lookup, valid_handle, cond
 
 __all__ = ["grpc_function_handle_default", "grpc_function_handle_init", "grpc_function_handle_destruct",
            "grpc_get_handle", "grpc_function_handle_set_optional", "grpc_discover"]
 
 
-@_api(pair=True)
-def grpc_function_handle_default(state: _State, func_name: str):
+@api_entry(pair=True)
+def grpc_function_handle_default(state: State, func_name: str):
     """A handle on ``func_name`` whose every call discovers the best server."""
     if not isinstance(func_name, str) or not func_name:
         return E.GRPC_FUNCTION_NOT_FOUND, None
@@ -21,8 +21,8 @@ def grpc_function_handle_default(state: _State, func_name: str):
     return E.GRPC_NO_ERROR, FunctionHandle(func_name, None, _owner=state)
 
 
-@_api(pair=True)
-def grpc_function_handle_init(state: _State, server_name: str, func_name: str):
+@api_entry(pair=True)
+def grpc_function_handle_init(state: State, server_name: str, func_name: str):
     """A handle bound to one SeD (by name, ``tcp://host:port[#name]`` or a
     ServerInfo from grpc_discover), resolved once: its calls skip discovery."""
     if isinstance(server_name, ServerInfo):
@@ -43,36 +43,36 @@ def grpc_function_handle_init(state: _State, server_name: str, func_name: str):
     return E.GRPC_NO_ERROR, FunctionHandle(func_name, server, _owner=state)
 
 
-@_api()
-def grpc_function_handle_destruct(state: _State, handle) -> GridRPCErrorCode:
+@api_entry()
+def grpc_function_handle_destruct(state: State, handle) -> GridRPCErrorCode:
     """Invalidate ``handle``; sessions started with it go on."""
     with cond:
-        if not _valid_handle(state, handle):
+        if not valid_handle(state, handle):
             return E.GRPC_INVALID_FUNCTION_HANDLE
         handle.destructed = True
     return E.GRPC_NO_ERROR
 
 
-@_api(pair=True)
-def grpc_get_handle(state: _State, session_id):
+@api_entry(pair=True)
+def grpc_get_handle(state: State, session_id):
     """The handle a session was started with (even if destructed since)."""
-    s = _lookup(state, session_id)
+    s = lookup(state, session_id)
     return (E.GRPC_INVALID_SESSION_ID, None) if s is None else (E.GRPC_NO_ERROR, s.handle)
 
 
-@_api()
-def grpc_function_handle_set_optional(state: _State, handle, optional: bool = True) -> GridRPCErrorCode:
+@api_entry()
+def grpc_function_handle_set_optional(state: State, handle, optional: bool = True) -> GridRPCErrorCode:
     """DIET-ethic extension: calls through ``handle`` are optional computations
     (a fair SeD queue may refuse or preempt them for mandatory ones)."""
     with cond:
-        if not _valid_handle(state, handle):
+        if not valid_handle(state, handle):
             return E.GRPC_INVALID_FUNCTION_HANDLE
         handle.optional = bool(optional)
     return E.GRPC_NO_ERROR
 
 
-@_api(pair=True)
-def grpc_discover(state: _State, func_name: str, max_servers: int = 10):
+@api_entry(pair=True)
+def grpc_discover(state: State, func_name: str, max_servers: int = 10):
     """Extension: up to ``max_servers`` servers offering ``func_name``, best first."""
     if not isinstance(func_name, str) or not func_name:
         return E.GRPC_FUNCTION_NOT_FOUND, None

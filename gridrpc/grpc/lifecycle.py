@@ -8,7 +8,7 @@ from ..errors import Timeout
 from . import state as st
 from .codes import E, GridRPCErrorCode
 from .config import load_config
-from .state import _State, log
+from .state import State, log
 
 __all__ = ["grpc_initialize", "grpc_finalize"]
 
@@ -29,7 +29,7 @@ def grpc_initialize(config_path=None) -> GridRPCErrorCode:
             log.error("grpc_initialize: cannot start the client: %s", exc)
             return E.GRPC_CONFIGFILE_ERROR
         with st.cond:
-            st.current = _State(config, client)
+            st.current = State(config, client)
             st.current.tls.last = E.GRPC_NO_ERROR
         return E.GRPC_NO_ERROR
 
@@ -55,7 +55,7 @@ def grpc_finalize() -> GridRPCErrorCode:
         return E.GRPC_NO_ERROR
 
 
-def cancel_calls(state: _State, calls: list[Call]) -> None:
+def cancel_calls(state: State, calls: list[Call]) -> None:
     async def _all():
         await state.client.aclient.cancel_calls(calls)
     try:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from .codes import GRPC_SESSIONID_VOID, E, GridRPCErrorCode, code_for
-from .state import _State, _api, _lookup, cond
+from .state import State, api_entry, lookup, cond
 
 __all__ = ["grpc_get_error", "grpc_get_exception", "grpc_get_last_error", "grpc_get_failed_sessionid"]
 
 
-@_api(record=False)
-def grpc_get_error(state: _State, session_id) -> GridRPCErrorCode:
+@api_entry(record=False)
+def grpc_get_error(state: State, session_id) -> GridRPCErrorCode:
     """The session's error code: GRPC_NO_ERROR while running or on success,
     else the cause (EXCEPTION_CODES: GRPC_SESSION_FAILED for a remote error, a
     died worker, a cancel or a timeout; GRPC_COMMUNICATION_FAILED for a
     vanished server...)."""
-    s = _lookup(state, session_id)
+    s = lookup(state, session_id)
     if s is None:
         return E.GRPC_INVALID_SESSION_ID
     if not s.done():
@@ -23,26 +23,26 @@ def grpc_get_error(state: _State, session_id) -> GridRPCErrorCode:
     return E.GRPC_NO_ERROR if exc is None else code_for(exc)
 
 
-@_api(pair=True, record=False)
-def grpc_get_exception(state: _State, session_id):
+@api_entry(pair=True, record=False)
+def grpc_get_exception(state: State, session_id):
     """Extension: ``(GRPC_NO_ERROR, exception or None)`` — the gridrpc
     exception behind a failed session (RemoteError with the remote traceback,
     CallCancelled...)."""
-    s = _lookup(state, session_id)
+    s = lookup(state, session_id)
     if s is None:
         return E.GRPC_INVALID_SESSION_ID, None
     return E.GRPC_NO_ERROR, (s.exception() if s.done() else None)
 
 
-@_api(record=False)
-def grpc_get_last_error(state: _State) -> GridRPCErrorCode:
+@api_entry(record=False)
+def grpc_get_last_error(state: State) -> GridRPCErrorCode:
     """The code returned by the last GridRPC function called in this thread
     (the error-reporting functions excepted)."""
     return getattr(state.tls, "last", E.GRPC_NO_ERROR)
 
 
-@_api(pair=True, record=False)
-def grpc_get_failed_sessionid(state: _State):
+@api_entry(pair=True, record=False)
+def grpc_get_failed_sessionid(state: State):
     """``(GRPC_NO_ERROR, id)`` of a failed session not reported yet (in
     completion order), then ``(GRPC_NO_ERROR, GRPC_SESSIONID_VOID)``."""
     with cond:

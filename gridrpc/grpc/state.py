@@ -1,5 +1,5 @@
 """The GridRPC module's state: function handles, sessions, the one lock,
-the ``_api`` decorator every function goes through, and the wait primitive.
+the ``api_entry`` decorator every function goes through, and the wait primitive.
 
 One module-level condition (``cond``, an RLock) guards the state; it is never
 held while the client talks to the network, so the client loop thread can
@@ -40,7 +40,7 @@ class FunctionHandle:
 
 
 @dataclass(eq=False)
-class _Session:
+class Session:
     id: int
     handle: FunctionHandle
     call: Call
@@ -60,24 +60,24 @@ class _Session:
         return None
 
 
-class _State:
+class State:
     def __init__(self, config: Config, client: Client) -> None:
         self.config = config
         self.client = client
-        self.sessions: dict[int, _Session] = {}
+        self.sessions: dict[int, Session] = {}
         self.sync_calls: set[Call] = set()          # grpc_call in progress (other threads)
         self.closed = False
         self.done_counter = itertools.count(1)
         self.tls = threading.local()             # per-thread last error
 
 
-cond = threading.Condition(threading.RLock())    # guards current and every _State/_Session field
+cond = threading.Condition(threading.RLock())    # guards current and every State/Session field
 lifecycle = threading.Lock()                     # serializes grpc_initialize / grpc_finalize
-current: _State | None = None
+current: State | None = None
 session_ids = itertools.count(1)                 # never reused, even across initialize cycles
 
 
-def _api(pair: bool = False, record: bool = True):
+def api_entry(pair: bool = False, record: bool = True):
     """Check initialization, record the last error, turn unexpected exceptions
     into GRPC_OTHER_ERROR_CODE."""
     def deco(fn):
@@ -115,31 +115,31 @@ def _session_id(value) -> int | None:
         return None
 
 
-def _lookup(state: _State, sid) -> _Session | None:
+def lookup(state: State, sid) -> Session | None:
     i = _session_id(sid)
     with cond:
         return state.sessions.get(i) if i is not None else None
 
 
-def _lookup_many(state: _State, ids) -> list[_Session] | None:
+def lookup_many(state: State, ids) -> list[Session] | None:
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         return None
-    sessions = [_lookup(state, i) for i in ids]
+    sessions = [lookup(state, i) for i in ids]
     return None if any(s is None for s in sessions) else sessions
 
 
-def _valid_handle(state: _State, handle) -> bool:
+def valid_handle(state: State, handle) -> bool:
     return isinstance(handle, FunctionHandle) and handle._owner is state and not handle.destructed
 
 
-def _wait_until(state: _State, predicate, timeout: float | None = None):
+def wait_until(state: State, predicate, timeout: float | None = None):
     """Block until ``predicate()`` (called under the lock) returns non-None;
-    None on timeout, or ``_FINALIZED`` when finalized meanwhile."""
+    None on timeout, or ``FINALIZED`` when finalized meanwhile."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with cond:
         while True:
             if state.closed:
-                return _FINALIZED
+                return FINALIZED
             out = predicate()
             if out is not None:
                 return out
@@ -149,17 +149,17 @@ def _wait_until(state: _State, predicate, timeout: float | None = None):
             cond.wait(left)
 
 
-_FINALIZED = object()
+FINALIZED = object()
 
 
-def _on_done(state: _State, session: _Session) -> None:
+def on_done(state: State, session: Session) -> None:
     with cond:
         if session.done_seq is None:
             session.done_seq = next(state.done_counter)
         cond.notify_all()
 
 
-def _outcome(session: _Session) -> GridRPCErrorCode:
+def outcome(session: Session) -> GridRPCErrorCode:
     """GRPC_NO_ERROR or GRPC_SESSION_FAILED for a completed session (marks it collected)."""
     session.collected = True
     return E.GRPC_NO_ERROR if session.exception() is None else E.GRPC_SESSION_FAILED

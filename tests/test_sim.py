@@ -137,7 +137,7 @@ def test_costs_roundtrip(tmp_path):
     assert Costs.load(str(p)) == c
 
 
-# -- pushed state (docs/simulation.md "Scale") ------------------------------------------------
+# -- pushed state (docs/simulation.md "Scale: 100,000 SeDs, 10,000 clients") ------------------------------------------------
 def _one_discovery(w, k):
     from gridrpc.sim.elements import User
     c = w.client()

@@ -1,4 +1,4 @@
-"""A synthetic SWF workload (docs/simulation-traces.md, "The model").
+"""A synthetic SWF workload (docs/simulation-traces.md, "The synthetic model").
 
 Deterministic for a seed. The model, simple and stated in full:
 

@@ -47,10 +47,11 @@ class CpuProbe:
     number of calls, say where the work goes even on a busy machine, where
     wall-clock times are noisy. Resolution: the 10 ms clock tick / calls."""
 
-    def __init__(self, roles: dict[str, list[int]], idle_s: float = 2.0) -> None:
+    def __init__(self, roles: dict[str, list[int]], idle_s: float = 2.0, client: list[int] | None = None) -> None:
         import psutil
         self.procs = {r: [psutil.Process(p) for p in pids] for r, pids in roles.items()}
-        self.procs["client"] = [psutil.Process()]
+        # the client's processes: this one, or the load processes that make the calls (benchmarks.green_load)
+        self.procs["client"] = [psutil.Process(p) for p in client] if client else [psutil.Process()]
         # idle rate (heartbeats, housekeeping) per role, subtracted from every run
         self.idle: dict[str, float] = {}
         if idle_s:

@@ -172,6 +172,13 @@ TARGETS = [
     Target("view_scale_2000", "discovery over 2,000 SeDs: p99 <= 10 ms (view)", "view_scale_2000",
            _t(lambda r: _get(r, "view_scale_2000", "view", "p99_ms") <= 10.0),
            lambda r: f"p99 {_get(r, 'view_scale_2000', 'view', 'p99_ms'):.2f} ms"),
+    # many independent load-test clients (benchmarks/green_load.py), same run
+    Target("load_discovery_08", "64 independent clients: with discovery >= 0.8x bound (same run)", "load_discovery",
+           _t(lambda r: rate(r, "load_discovery") >= 0.8 * rate(r, "load_bound")),
+           lambda r: f"{rate(r, 'load_discovery') / rate(r, 'load_bound'):.2f}x bound"),
+    Target("load_no_failure", "64 independent clients: no failed call", "load_discovery",
+           _t(lambda r: _get(r, "load_bound", "failed") + _get(r, "load_discovery", "failed") == 0),
+           lambda r: f"{_get(r, 'load_bound', 'failed')} bound, {_get(r, 'load_discovery', 'failed')} with discovery"),
     Target("idle_sed_rss", "idle SeD <= 60 MB RSS", "memory_sed",
            _t(lambda r: _get(r, "memory_sed", "rss_mb") <= 60.0),
            lambda r: f"{_get(r, 'memory_sed', 'rss_mb'):.1f} MB"),
@@ -253,6 +260,10 @@ ROWS = [
     ("throughput_bound_inline", "diagnostic: bound throughput, SeD --isolation inline", "rate",
      ("floor_throughput", "ray_throughput", "dask_throughput")),
     ("array_8mb_inline", "diagnostic: 8 MB echo, SeD --isolation inline", "bw", ("floor_8mb", "ray_8mb", "dask_8mb")),
+    ("load_bound", "gridrpc: 64 independent GreenClients, closed loop, bound, tree A", "rate",
+     ("floor_throughput", "ray_throughput", "dask_throughput")),
+    ("load_discovery", "gridrpc: 64 independent GreenClients (own reuse windows), closed loop, with discovery", "rate",
+     ("floor_throughput", "ray_throughput", "dask_throughput")),
     ("discovery_100", "gridrpc: discover(add) over 100 SeDs (10 LAs x 10)", "lat", (None, None, None)),
     ("memory_sed", "gridrpc: idle SeD process (--examples)", "mem", (None, None, None)),
     ("memory_replicas", "gridrpc: cost per extra replica (--replicas 100)", "rep", (None, None, None)),
@@ -270,7 +281,11 @@ def _fmt_main(res, item, kind):
     if kind == "lat":
         return f"{r['median_ms']:.3f} ms", f"p99 {r['p99_ms']:.2f} ms"
     if kind == "rate":
-        return f"{r['calls_per_s']['median']:,.0f} calls/s", f"n={r['n']}"
+        detail = f"n={r['n']}"
+        if "failed" in r:           # many clients (benchmarks/green_load.py)
+            detail += (f", {r['failed']} failed, {r['clients']} clients in {r['load_processes']} processes "
+                       f"(busiest at {r['load_process_cpu_pct_max']:.0f} % of a core)")
+        return f"{r['calls_per_s']['median']:,.0f} calls/s", detail
     if kind == "bw":
         return f"{r['gb_per_s']:.2f} GB/s", f"{r['median_ms']:.1f} ms/rt"
     if kind == "mem":

@@ -5,9 +5,10 @@
 
 Names for ``--only`` are item names (``call_bound``, ``ray_8mb`` ...) or
 groups: ``floor``, ``tree``, ``curve``, ``discovery``, ``view``, ``memory``,
-``ray``, ``dask``, ``gridrpc`` (tree + curve + discovery + view + memory),
-``peers`` (ray + dask). ``view``: discovery from pushed state against the
-forced fan-out (benchmarks/view.py, issue #12). A ``*_curve`` item (tree A with CURVE) always brings its plain item:
+``ray``, ``dask``, ``gridrpc`` (tree + curve + discovery + view + memory +
+load), ``peers`` (ray + dask). ``view``: discovery from pushed state against
+the forced fan-out (benchmarks/view.py). ``load``: 64 independent load-test
+clients, bound and with discovery in the same run (benchmarks/green_load.py). A ``*_curve`` item (tree A with CURVE) always brings its plain item:
 the secure / plain ratio compares two rows of the same run.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import floor, grid, peers, report, view
+from . import floor, green_load, grid, peers, report, view
 from .procs import REPO, TOKEN, TOKEN_VAR, Procs, sweep
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -32,10 +33,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "discovery": ("discovery_100",),
     "view": view.ITEMS,
     "memory": ("memory_sed", "memory_replicas"),
+    "load": green_load.ITEMS,
     "ray": ("ray_call", "ray_throughput", "ray_8mb"),
     "dask": ("dask_call", "dask_throughput", "dask_8mb"),
 }
-ALIASES = {"gridrpc": ("tree", "curve", "discovery", "view", "memory"), "peers": ("ray", "dask")}
+ALIASES = {"gridrpc": ("tree", "curve", "discovery", "view", "memory", "load"), "peers": ("ray", "dask")}
 ALL_ITEMS = tuple(i for g in GROUPS.values() for i in g)
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -142,6 +144,7 @@ def run(items: set[str], quick: bool, log=print) -> dict:
     step("discovery", GROUPS["discovery"], with_procs(lambda p, todo: grid.run_discovery_100(p, quick)))
     step("view", GROUPS["view"], lambda todo: view.run(todo, quick))     # its own Procs per tree
     step("memory", GROUPS["memory"], with_procs(lambda p, todo: grid.run_memory(p, todo, quick)))
+    step("load", GROUPS["load"], with_procs(lambda p, todo: green_load.run_items(p, quick)))
     for which in ("ray", "dask"):
         why = peers.available(which) if set(GROUPS[which]) & items else None
         if why:

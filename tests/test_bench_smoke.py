@@ -151,3 +151,43 @@ def test_the_rpc_floor_server_ignores_a_malformed_call():
         assert asyncio.run(go(addr)) == {"type": "result", "id": "ok", "value": 9}
     finally:
         procs.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_quick_load_rows(tmp_path):
+    """The ``load`` group: 64 independent GreenClients in load processes, bound
+    and with discovery in one run; failures counted; no process left."""
+    out = tmp_path / "bench.json"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    r = subprocess.run([sys.executable, "-m", "gridrpc", "bench", "--quick", "--only", "load", "--json", str(out)],
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    res = doc["results"]
+    assert set(res) == {"load_bound", "load_discovery"}
+    for item in res.values():
+        assert item["clients"] == 64 and item["n"] > 0 and item["calls_per_s"]["median"] > 0
+        assert isinstance(item["failed"], int) and item["cpu_us_per_call"]["client"] > 0
+    assert res["load_bound"]["call_messages_per_call"] == 1.0 and res["load_bound"]["discover_messages_per_call"] == 0
+    assert res["load_discovery"]["discover_messages_per_call"] > 0
+    statuses = {t["key"]: t["status"] for t in doc["targets"]}
+    assert statuses["load_discovery_08"] in ("PASS", "SHORT") and statuses["load_no_failure"] in ("PASS", "SHORT")
+    assert "64 independent GreenClients" in r.stdout
+    assert not doc["errors"] and doc["leftover_processes_killed"] == []
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_load_rows_report_failures_and_the_ratio():
+    """No process started: the report of the ``load`` items."""
+    from benchmarks import report
+    row = {"calls_per_s": {"median": 1000.0, "all": [1000.0]}, "n": 3000, "failed": 2, "clients": 64,
+           "load_processes": 2, "load_process_cpu_pct_max": 41.0}
+    res = {"load_bound": dict(row, failed=0), "load_discovery": dict(row, calls_per_s={"median": 850.0})}
+    targets = {t["key"]: t for t in report.evaluate(res)}
+    assert targets["load_discovery_08"]["status"] == "PASS" and targets["load_discovery_08"]["measured"] == "0.85x bound"
+    assert targets["load_no_failure"]["status"] == "SHORT"
+    text = report.table(res, report.evaluate(res), {})
+    assert "2 failed, 64 clients in 2 processes (busiest at 41 % of a core)" in text
+    res["load_discovery"]["calls_per_s"] = {"median": 700.0}
+    assert {t["key"]: t["status"] for t in report.evaluate(res)}["load_discovery_08"] == "SHORT"

@@ -98,6 +98,20 @@ def test_loadtest_help(capsys):
         assert opt in out
     assert main(["loadtest", "tcp://127.0.0.1:1", "--max-requests", "0"]) == 2    # bounded runs only
     assert main(["loadtest", "tcp://127.0.0.1:1", "--mix", "add:zero"]) == 2
+    assert "N|auto" in out
+
+
+def test_workers_auto_is_the_cores_but_one(monkeypatch):
+    import argparse
+    from gridrpc.loadtest import cli
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert cli.workers_arg("auto") == 15 and cli.workers_arg("AUTO") == 15
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert cli.workers_arg("auto") == 1                   # at least one
+    assert cli.workers_arg("3") == 3 and cli.workers_arg("0") == 0
+    for bad in ("-1", "many", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.workers_arg(bad)
 
 
 # -- the gevent client ------------------------------------------------------
@@ -145,10 +159,13 @@ def test_green_client_reuses_view_answers(small_tree):
             c._reuse.forget()
             gevent.sleep(0.05)
         assert c._reuse.asked == 1
+        asked = dict(c.counters)
         for i in range(10):
             assert c.call("add", i, 1) == i + 1
             assert c.last.kind == "call" and c.last.discover_ms == 0.0 and c.last.server
         assert c._reuse.reused == 10 and c._reuse.in_flight == {}
+        assert c.counters["discover_messages"] == asked["discover_messages"]      # no DISCOVER sent
+        assert c.counters["calls"] - asked["calls"] == 10 <= c.counters["call_messages"] - asked["call_messages"]
     with GreenClient(small_tree.ma_address, keep_records=True, timeout=10, reuse_discovery=0) as c:
         for i in range(5):
             assert c.call("add", i, 1) == i + 1 and c.last.discover_ms > 0

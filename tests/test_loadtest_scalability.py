@@ -11,8 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.scalability.measure import discovery_cost, summarise_collapsed  # noqa: E402
-from benchmarks.scalability.study import best_shapes, saturation, shapes_for  # noqa: E402
+from benchmarks.scalability.measure import (discovery_cost, locust_names, step_saturation,  # noqa: E402
+                                            summarise_collapsed)
+from benchmarks.scalability.study import best_shapes, saturation, shapes_for, table  # noqa: E402
 from benchmarks.scalability.tree import Shape, default_shapes  # noqa: E402
 
 
@@ -54,6 +55,44 @@ def test_saturation_and_best():
     assert cost == pytest.approx({"MA": 5.0, "LAs": 2.0, "SeDs": 4.0})
 
 
+def test_a_step_whose_locust_process_is_saturated_is_flagged():
+    """A load step records every process above 90 % of a core; a locust
+    process among them means the step measured the load generator, and a
+    best rate from such a step is flagged as a lower bound, not the tree's
+    capacity (table and JSON)."""
+    st = step_saturation({"MA": 60.0, "s1": 40.0, "locust-master": 2.0, "locust-w1": 96.0})
+    assert st["saturated"] == ["locust-w1"] and st["busiest"] == "locust-w1" and st["load_generator_saturated"]
+    st = step_saturation({"MA": 97.0, "locust": 89.0})
+    assert st["saturated"] == ["MA"] and not st["load_generator_saturated"]
+    assert step_saturation({})["load_generator_saturated"] is False
+    steps = [{"users": 4, "rps": 900.0, "median_ms": 3, "p99_ms": 9, "cpu": {"MA": 40, "s1": 30, "locust": 95}},
+             {"users": 8, "rps": 1000.0, "median_ms": 5, "p99_ms": 12,
+              "cpu": {"MA": 50, "s1": 35, "locust-master": 1, "locust-w1": 92, "locust-w2": 70}}]
+    s = saturation(steps)
+    assert s["max_rps"] == 1000.0 and s["load_generator_saturated"] and s["saturated"] == ["locust-w1"]
+    assert s["steps_load_generator_saturated"] == [4, 8] and s["cpu_by_kind"]["locust"] == 163
+    run = {"n": 10, "shape": "flat", "levels": 1, "d": 0, "procs": 3, "discovery": {"median_ms": 1.0, "p99_ms": 2.0},
+           "saturation": s}
+    assert "load generator saturated" in table([run])
+    s["load_generator_saturated"] = False
+    assert "load generator saturated" not in table([run])
+
+
+def test_locust_processes_are_named_one_by_one():
+    class Kid:
+        def __init__(self, pid, t, master):
+            self.pid, self._t, self._master = pid, t, master
+
+        def create_time(self):
+            return self._t
+
+        def cmdline(self):
+            return ["python", "-m", "locust"] + (["--master"] if self._master else ["--worker"])
+    kids = [Kid(12, 2.0, False), Kid(10, 1.0, True), Kid(11, 1.5, False)]
+    assert locust_names(kids, 2) == {"locust-master": 10, "locust-w1": 11, "locust-w2": 12}
+    assert locust_names(kids[:1], 0) == {"locust": 12}
+
+
 def test_profile_summary():
     raw = ("main (a.py:1);loop (base_events.py:10);select (selectors.py:468) 60\n"
            "main (a.py:1);loop (base_events.py:10);_drain (/x/channel.py:146) 30\n"
@@ -66,17 +105,21 @@ def test_profile_summary():
 
 @pytest.mark.slow
 def test_study_end_to_end(tmp_path):
-    """One configuration for real: 2 SeDs flat, 20 discoveries, one short locust step."""
+    """One configuration for real: 2 SeDs flat, 20 discoveries, one short
+    locust step (a master and one worker, each measured on its own)."""
     import subprocess
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, "-m", "benchmarks.scalability", "--sizes", "2", "--shapes", "flat",
-                        "--users", "2", "--step-seconds", "3", "--rounds", "20", "--out", str(out),
+                        "--users", "2", "--step-seconds", "3", "--rounds", "20", "--workers", "1", "--out", str(out),
                         "--plots", str(tmp_path / "plots")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
     (run,) = data["runs"]
     assert run["n"] == 2 and run["procs"] == 3 and run["discovery"]["rounds"] == 20
     assert run["load"][0]["requests"] > 0 and run["saturation"]["max_rps"] > 0
-    assert set(run["load"][0]["cpu"]) == {"MA", "s1", "s2", "locust"}
+    step = run["load"][0]
+    assert set(step["cpu"]) == {"MA", "s1", "s2", "locust-master", "locust-w1"} and step["workers"] == 1
+    assert step["load_generator_saturated"] == (step["cpu"]["locust-w1"] >= 90) and "saturated" in step
+    assert data["meta"]["locust_workers"] == 1
     assert {p.name for p in (tmp_path / "plots").iterdir()} >= {"discovery.png", "throughput.png", "cpu.png"}
     assert "lowest discovery p99 flat" in r.stdout

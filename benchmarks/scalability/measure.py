@@ -137,29 +137,72 @@ def discovery_latency(ma: str, rounds: int, *, service: str = "noop", k: int = 3
             "mean_ms": sum(lat) / len(lat) if lat else None, "found_min": min(found) if found else 0}
 
 
+#: a process above this share of one core (percent) is taken as saturated
+SATURATED_PCT = 90.0
+
+
+def locust_names(kids: list, workers: int) -> dict[str, int]:
+    """Names for the locust processes of one ``gridrpc loadtest`` run (its
+    children): ``locust`` alone, or ``locust-master`` and ``locust-w1``...
+    (in the order they started)."""
+    if not workers:
+        return {"locust": kids[0].pid} if kids else {}
+    out: dict[str, int] = {}
+    n = 0
+    for k in sorted(kids, key=lambda k: (k.create_time(), k.pid)):
+        try:
+            master = "--master" in k.cmdline()
+        except psutil.Error:
+            continue
+        if master:
+            out["locust-master"] = k.pid
+        else:
+            n += 1
+            out[f"locust-w{n}"] = k.pid
+    return out
+
+
+def step_saturation(cpu: dict[str, float]) -> dict:
+    """Which elements of a load step were saturated (above ``SATURATED_PCT``
+    of a core): every such process, the busiest, and whether a locust
+    process was among them (then the step measured the load generator, not
+    the tree)."""
+    if not cpu:
+        return {"saturated": [], "busiest": None, "load_generator_saturated": False}
+    busiest = max(cpu, key=cpu.get)
+    saturated = sorted((n for n, v in cpu.items() if v >= SATURATED_PCT), key=lambda n: -cpu[n])
+    return {"saturated": saturated, "busiest": busiest, "busiest_cpu": cpu[busiest],
+            "load_generator_saturated": any(element_kind(n) == "locust" for n in saturated)}
+
+
 def load_step(ma: str, users: int, seconds: float, max_requests: int, mix: str, workdir: Path,
-              meter: CpuMeter) -> dict:
-    """One bounded locust run (``gridrpc loadtest``) with CPU sampled meanwhile."""
+              meter: CpuMeter, workers: int = 0) -> dict:
+    """One bounded locust run (``gridrpc loadtest``, ``workers`` locust
+    workers and a master, or one process) with CPU sampled meanwhile: every
+    element of the tree and every locust process on its own."""
     out = Path(workdir) / f"step-{users}.json"
     cmd = [sys.executable, "-m", "gridrpc", "loadtest", ma, "-u", str(users), "-t", f"{seconds:g}s",
            "-n", str(max_requests), "--mix", mix, "--fail-ratio", "1", "--timeout", "20", "--json", str(out)]
+    if workers:
+        cmd += ["--workers", str(workers)]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     # wait for locust to be up before sampling (its start-up is not load)
-    locust_pid = None
+    locust: dict[str, int] = {}
+    want = 1 + workers if workers else 1
     t_end = time.monotonic() + 30
     while time.monotonic() < t_end and p.poll() is None:
         try:
-            kids = psutil.Process(p.pid).children(recursive=True)
+            kids = psutil.Process(p.pid).children()
         except psutil.NoSuchProcess:
             break
-        if kids:
-            locust_pid = kids[0].pid
+        if len(kids) >= want:
+            locust = locust_names(kids, workers)
             break
         time.sleep(0.05)
     # CPU is sampled in the middle of the run: locust needs ~2 s to import and
     # connect (users start at once: spawn rate = users); the last second is wind-down
     time.sleep(2.5)
-    m = CpuMeter({**meter.roots, **({"locust": locust_pid} if locust_pid else {})}, interval=1.0)
+    m = CpuMeter({**meter.roots, **locust}, interval=1.0)
     m.start()
     time.sleep(max(1.0, seconds - 2.5))
     cpu = m.stop()
@@ -168,17 +211,19 @@ def load_step(ma: str, users: int, seconds: float, max_requests: int, mix: str, 
     except subprocess.TimeoutExpired:
         p.kill()
         _, err = p.communicate()
+    sat = step_saturation(cpu)
     try:
         s = json.loads(out.read_text())
     except (OSError, ValueError):
-        return {"users": users, "error": (err or b"").decode(errors="replace")[-1500:], "cpu": cpu}
+        return {"users": users, "workers": workers, "error": (err or b"").decode(errors="replace")[-1500:],
+                "cpu": cpu, **sat}
     tot = s["total"]
     calls = [e for e in s["locust"].values() if e["type"] == "call"]
     c = calls[0] if calls else tot
-    return {"users": users, "requests": tot["requests"], "failures": tot["failures"], "rps": tot["rps"],
-            "median_ms": c["median_ms"], "p99_ms": c["p99_ms"], "avg_ms": c["avg_ms"],
+    return {"users": users, "workers": workers, "requests": tot["requests"], "failures": tot["failures"],
+            "rps": tot["rps"], "median_ms": c["median_ms"], "p99_ms": c["p99_ms"], "avg_ms": c["avg_ms"],
             "client_avg_ms": (s.get("client", {}).get(f"call {c['name']}", {}) or {}).get("avg_ms"),
-            "errors": s.get("errors", [])[:3], "cpu": cpu}
+            "errors": s.get("errors", [])[:3], "cpu": cpu, **sat}
 
 
 def profile(pid: int, seconds: float, out_raw: Path, rate: int = 250) -> dict | None:
@@ -232,7 +277,7 @@ def element_kind(name: str) -> str:
         return "MA"
     if name.startswith("LA"):
         return "LAs"
-    if name == "locust":
+    if name.startswith("locust"):
         return "locust"
     return "SeDs"
 

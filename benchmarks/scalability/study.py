@@ -5,6 +5,7 @@ the CPU use of every element. See docs/scalability.md.
     python -m benchmarks.scalability                       # the full study (24 min here)
     python -m benchmarks.scalability --quick               # sizes 1, 10, 50; 2 load steps
     python -m benchmarks.scalability --fanout              # MA and LAs --no-view: every discovery a fan-out
+    python -m benchmarks.scalability --workers auto        # each load step: a locust master + a worker per core but one
     python -m benchmarks.scalability --sizes 500 --shapes flat,L2-4
     python -m benchmarks.scalability --plot-only           # redraw the PNGs from the JSON
     python -m benchmarks.scalability --compare 500 --shapes flat,L2-2,L2-4,L3-2
@@ -15,7 +16,11 @@ SeDs as ``--replicas``), wait until the MA sees every SeD, sample idle CPU,
 run sequential discoveries from one client (median, p99), then locust load
 steps (``gridrpc loadtest``, mix ``noop``: a call with its discovery) with
 more and more users until the throughput stops growing, sampling the CPU of
-every element, the SeDs' workers and locust. Results go to JSON after each
+every element (a SeD process with its workers) and of every locust process.
+Each step records the elements above 90 % of a core (``saturated``) and
+whether a locust process was one (``load_generator_saturated``: the step
+measured the load generator; the configuration's best rate is then flagged
+as a lower bound, not the tree's capacity). Results go to JSON after each
 configuration (``--resume`` skips the ones done); plots to PNG.
 """
 from __future__ import annotations
@@ -30,7 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from .measure import CpuMeter, discovery_cost, discovery_latency, element_kind, load_step, profile, tmpdir
+from gridrpc.loadtest.cli import workers_arg
+
+from .measure import (CpuMeter, discovery_cost, discovery_latency, element_kind, load_step, profile,
+                      step_saturation, tmpdir)
 from .tree import Shape, TreeProcs, default_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,14 +97,17 @@ def run_config(n: int, shape: Shape, a, log) -> dict:
         best = 0.0
         flat_steps = 0
         for users in a.users:
-            st = load_step(tree.ma_address, users, a.step_seconds, a.max_requests, "noop", work, meter)
+            st = load_step(tree.ma_address, users, a.step_seconds, a.max_requests, "noop", work, meter,
+                           workers=a.workers)
             steps.append(st)
             if "error" in st:
                 log(f"  {users:3d} users: locust failed: {st['error'][-300:]}")
                 break
             log(f"  {users:3d} users: {st['rps']:7.1f} calls/s, median {st['median_ms']} ms, "
                 f"p99 {st['p99_ms']} ms, failures {st['failures']}/{st['requests']}, "
-                f"busiest {_busiest(st['cpu'])}")
+                f"busiest {_busiest(st['cpu'])}"
+                + (f"; LOAD GENERATOR SATURATED ({', '.join(st['saturated'])})"
+                   if st["load_generator_saturated"] else ""))
             if st["requests"] and st["failures"] / st["requests"] > 0.05:
                 break
             if st["rps"] > best * 1.1:
@@ -156,6 +167,11 @@ def _busiest(cpu: dict) -> str:
 
 
 def saturation(steps: list[dict]) -> dict:
+    """The best step (highest rate): its CPU by kind of element, its busiest
+    element, the elements above ``SATURATED_PCT`` of a core, and whether a
+    locust process was one of them (``load_generator_saturated``: then
+    ``max_rps`` is what the load generator could send, a lower bound of the
+    tree's capacity, not the capacity)."""
     ok = [s for s in steps if "rps" in s]
     if not ok:
         return {}
@@ -165,8 +181,12 @@ def saturation(steps: list[dict]) -> dict:
     for name, v in cpu.items():
         kinds[element_kind(name)] += v
     name, busiest = max(cpu.items(), key=lambda kv: kv[1])
+    sat = step_saturation(cpu)
     return {"max_rps": top["rps"], "users": top["users"], "median_ms": top["median_ms"], "p99_ms": top["p99_ms"],
-            "cpu_by_kind": kinds, "busiest": name, "busiest_cpu": busiest, "total_cpu": sum(cpu.values())}
+            "cpu_by_kind": kinds, "busiest": name, "busiest_cpu": busiest, "total_cpu": sum(cpu.values()),
+            "saturated": sat["saturated"], "load_generator_saturated": sat["load_generator_saturated"],
+            "steps_load_generator_saturated": [s["users"] for s in ok if step_saturation(s["cpu"])[
+                "load_generator_saturated"]]}
 
 
 def best_shapes(runs: list[dict]) -> dict[int, dict]:
@@ -186,7 +206,8 @@ def best_shapes(runs: list[dict]) -> dict[int, dict]:
 
 def table(runs: list[dict]) -> str:
     lines = [f"{'SeDs':>5s} {'shape':7s} {'procs':>5s} {'disc med':>9s} {'disc p99':>9s} {'disc cpu':>9s} {'calls/s':>8s} "
-             f"{'@users':>6s} {'call p99':>9s} {'MA%':>5s} {'LAs%':>5s} {'SeDs%':>6s} {'locust%':>7s} {'busiest':>18s}"]
+             f"{'@users':>6s} {'call p99':>9s} {'MA%':>5s} {'LAs%':>5s} {'SeDs%':>6s} {'locust%':>7s} {'busiest':>18s}"
+             "  note"]
     for r in sorted(runs, key=lambda r: (r["n"], r["levels"], r["d"])):
         d = r.get("discovery", {})
         s = r.get("saturation", {})
@@ -197,7 +218,9 @@ def table(runs: list[dict]) -> str:
                      f"{_n(s.get('max_rps'), 1):>8s} {s.get('users', '-')!s:>6s} "
                      f"{_n(s.get('p99_ms'), 0):>9s} {_n(k.get('MA'), 0):>5s} {_n(k.get('LAs'), 0):>5s} "
                      f"{_n(k.get('SeDs'), 0):>6s} {_n(k.get('locust'), 0):>7s} "
-                     f"{(s.get('busiest', '-') + ' ' + _n(s.get('busiest_cpu'), 0) + '%'):>18s}")
+                     f"{(s.get('busiest', '-') + ' ' + _n(s.get('busiest_cpu'), 0) + '%'):>18s}"
+                     + ("  load generator saturated: calls/s is a lower bound" if s.get("load_generator_saturated")
+                        else ""))
     return "\n".join(lines)
 
 
@@ -214,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "from 200 SeDs also L2-4 and L3-cbrt(N))")
     ap.add_argument("--users", default="1,2,4,8,16,32", help="locust users per load step (default 1,2,4,8,16,32)")
     ap.add_argument("--step-seconds", type=float, default=6.0, help="length of one load step (default 6)")
+    ap.add_argument("--workers", type=workers_arg, default=0, metavar="N|auto",
+                    help="locust workers of each load step (gridrpc loadtest --workers): N, or auto (one per core "
+                         "but one); default 0: one locust process")
     ap.add_argument("--max-requests", type=int, default=20000, help="bound of one load step (default 20000)")
     ap.add_argument("--rounds", type=int, default=300, help="sequential discoveries measured (default 300)")
     ap.add_argument("--discovery-seconds", type=float, default=25.0,
@@ -259,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(a, out)
     data = {"meta": meta(argv), "runs": []}
     data["meta"]["discovery_mode"] = "fanout" if a.fanout else "view"     # fanout: MA and LAs --no-view
+    data["meta"]["locust_workers"] = a.workers                            # 0: one locust process per step
     timing = data["meta"]          # where this invocation's elapsed_s goes
     if a.resume and out.exists():
         old = json.loads(out.read_text())

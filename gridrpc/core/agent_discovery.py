@@ -354,9 +354,12 @@ class Discovering:
                      ", ".join(done.timed_out))
         header = self._federated_answer(done, rid, service) if done.id in self._forwarded else None
         if header is None:
-            busy = frozenset(n for n in done.timed_out if now is not None and (c := self.registry.children.get(n))
-                             is not None and now - c.last_seen <= self._lost_after)
-            header = self.role.finished(rid, service, k, done, busy)
+            heard = {}
+            for n in done.timed_out:
+                c = self.registry.children.get(n)
+                if c is not None and now is not None:
+                    heard[n] = (max(0.0, now - c.last_seen), now - c.last_seen <= self._lost_after)
+            header = self.role.finished(rid, service, k, done, heard)
         if header is None:
             header = m.make(MsgType.SERVERS, rid, name=self.name, servers=done.servers,
                             answered=done.answered, timed_out=done.timed_out)

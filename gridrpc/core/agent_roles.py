@@ -37,10 +37,11 @@ class Role(Protocol):
     def no_offer(self, request_id: str, service: str) -> dict | None:
         """The answer when no child offers ``service`` (None: an empty answer)."""
 
-    def finished(self, request_id: str, service: str, k: int, done: Done, busy: frozenset = frozenset()) -> dict | None:
+    def finished(self, request_id: str, service: str, k: int, done: Done, heard: dict | None = None) -> dict | None:
         """The answer to a finished discovery (None: the ranked SERVERS).
-        ``busy``: the children among ``done.timed_out`` that are alive (heard
-        from within their heartbeat timeout) but did not answer in time."""
+        ``heard``: for the children among ``done.timed_out``, seconds since
+        this agent last heard from each, and whether that is recent (alive,
+        within its heartbeat timeout, but late) or not (silent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class LocalRole:
     def no_offer(self, request_id: str, service: str) -> dict | None:
         return None
 
-    def finished(self, request_id: str, service: str, k: int, done: Done, busy: frozenset = frozenset()) -> dict | None:
+    def finished(self, request_id: str, service: str, k: int, done: Done, heard: dict | None = None) -> dict | None:
         return None
 
 
@@ -69,7 +70,7 @@ class MasterRole:
     def no_offer(self, request_id: str, service: str) -> dict | None:
         return m.error_header(request_id, "service_not_found", f"no server in the tree offers {service!r}")
 
-    def finished(self, request_id: str, service: str, k: int, done: Done, busy: frozenset = frozenset()) -> dict | None:
+    def finished(self, request_id: str, service: str, k: int, done: Done, heard: dict | None = None) -> dict | None:
         if done.servers or k <= 0:
             return None
         if not done.timed_out and done.answered:
@@ -78,14 +79,16 @@ class MasterRole:
             return m.error_header(request_id, "no_acceptable_server",
                                   f"none of the {done.answered} servers offering {service!r} is acceptable "
                                   "to the aggregator of this request")
-        # an agent alive but too busy to answer in the budget is not silent: the user is told which
-        # it was (the client retries either within the call's own timeout)
-        late = [n for n in done.timed_out if n in busy]
-        silent = [n for n in done.timed_out if n not in busy]
+        # a child heard from lately but late (busy, or just stopped) is not called silent: the user
+        # is told which each was (the client retries either within the call's own timeout)
+        heard = heard or {}
+        late = [f"{n}, heard from {heard[n][0]:.1f} s ago" for n in done.timed_out if n in heard and heard[n][1]]
+        silent = [n + (f", nothing heard for {heard[n][0]:.1f} s" if n in heard else "")
+                  for n in done.timed_out if not (n in heard and heard[n][1])]
         why = []
         if late:
-            why.append(f"busy: {', '.join(late)} (alive, no answer within the discovery budget)")
+            why.append("late: " + "; ".join(late))
         if silent:
-            why.append(f"silent: {', '.join(silent)} (no heartbeat lately)")
+            why.append("silent: " + "; ".join(silent))
         detail = f" ({'; '.join(why)})" if why else ""
         return m.error_header(request_id, "no_server", f"no server answered for {service!r} in time{detail}")

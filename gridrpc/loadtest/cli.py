@@ -4,9 +4,10 @@ The target is a master agent address (``tcp://host:port``, or ``host:port``)
 or a deployment file (YAML): the deployment is started, loaded, and stopped
 again. Locust runs in child processes (it monkey-patches for gevent; this
 process stays plain): one local runner, or with ``--workers N`` a master and
-N workers (distributed locust on this machine). Every run is bounded: by
-``--run-time`` and by ``--max-requests`` (the users stop once that many
-requests have started), and a run that overstays its time is killed.
+N workers (distributed locust on this machine; ``--workers auto``: one worker
+per core but one, at least one). Every run is bounded: by ``--run-time``
+and by ``--max-requests`` (the users stop once that many requests have
+started), and a run that overstays its time is killed.
 
 While it runs it prints progress every few seconds (requests, failures,
 rate) on stderr; at the end a table per request type and service (locust's
@@ -62,8 +63,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "asks the MA)")
     p.add_argument("--fail-ratio", type=float, default=0.01,
                    help="exit 1 when failures/requests exceeds this (default 0.01)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="distributed locust on this machine: a master and N worker processes (default 0: one process)")
+    p.add_argument("--workers", type=workers_arg, default=0, metavar="N|auto",
+                   help="distributed locust on this machine: a master and N worker processes; auto: one per core "
+                        "but one (at least 1) (default 0: one process)")
     p.add_argument("--csv", metavar="PREFIX", help="locust's CSV files: PREFIX_stats.csv, _stats_history.csv, _failures.csv")
     p.add_argument("--html", metavar="PATH", help="locust's HTML report")
     p.add_argument("--json", metavar="PATH", help="write the summary (locust's and the client's numbers) as JSON")
@@ -71,6 +73,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="show locust's own output")
     p.set_defaults(func=run)
     return p
+
+
+def auto_workers() -> int:
+    """Locust workers for ``--workers auto``: the cores this process may use,
+    minus one for the master and the tree, at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def workers_arg(text: str) -> int:
+    """``--workers``: a number >= 0, or ``auto`` (:func:`auto_workers`)."""
+    if str(text).strip().lower() == "auto":
+        return auto_workers()
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers takes a number or 'auto', not {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("--workers must be >= 0")
+    return n
 
 
 def parse_timespan(text: str) -> float:

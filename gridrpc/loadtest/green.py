@@ -1,19 +1,28 @@
-"""A gevent-friendly gridrpc client on ``zmq.green`` (for locust).
+"""A gevent-friendly gridrpc client (for locust).
 
 :class:`gridrpc.Client` runs an asyncio loop in a background thread; under
 gevent's monkey-patching (which locust applies on import) that thread becomes
 a greenlet and its selector blocks the gevent hub, freezing every simulated
 user. :class:`GreenClient` speaks the same wire protocol
-(:mod:`gridrpc.core.messages`, :mod:`gridrpc.core.codec`) with ``zmq.green``
-sockets instead: waiting for a reply only parks the calling greenlet.
+(:mod:`gridrpc.core.messages`, :mod:`gridrpc.core.codec`) on plain zmq
+sockets that never block (``NOBLOCK``), read by gevent I/O watchers in the
+hub: waiting for a reply only parks the calling greenlet.
 
-It runs the same call machine as :class:`gridrpc.AsyncClient`
-(:mod:`gridrpc.core.call`: ACCEPTED within ``ack_timeout`` else the next
-candidate, pings, the SeD's ``patience``, failover, CANCEL to every server
-given up on), takes the same options (:class:`gridrpc.ClientOptions`; the
-default ``timeout`` here is 60 s) and raises the same exception classes. It
-is safe to share between greenlets: one reader greenlet per socket feeds the
-replies to the calls' machines; the calling greenlet waits on an event.
+It drives the same call machine as :class:`gridrpc.AsyncClient`
+(:mod:`gridrpc.core.call`), discovery included: a call without a server
+starts as a ``Discover`` action; the client answers it from its reuse window
+(:mod:`gridrpc.client.reuse`: a view answer of the last ``reuse_discovery``
+seconds, ranked again by this client's own calls), joins a discovery of the
+same key already out, or asks the MA, and feeds the answer back
+(``Discovered`` / ``DiscoveryFailed``). So a transient answer of the MA
+(``no_server``: its children were silent; ``rebuilding``; no answer in time)
+is retried with jittered backoff until the call's own deadline, a server
+given up on is left out of the next discovery, and ACCEPTED within
+``ack_timeout``, pings, the SeD's ``patience``, failover and CANCEL to every
+server given up on are the machine's, as in the asyncio client. It takes the
+same options (:class:`gridrpc.ClientOptions`; the default ``timeout`` here is
+60 s) and raises the same exception classes. It is safe to share between
+greenlets of one thread.
 
 Every call leaves a :class:`Record` in ``client.last`` (and in
 ``client.records`` when ``keep_records``): what it was, its latency measured
@@ -28,10 +37,14 @@ locust user reports these to locust; tests compare the two.
     h = c.bind("add")                       # discover once, then call the SeD directly
     h(1, 2)
     c.close()
+
+Cost: a socket's messages are handled in a callback of the hub, drained
+until ``EAGAIN`` per wake-up (no greenlet switch per message, no
+``zmq.green`` wrapper re-reading the socket's state after every frame);
+docs/loadtest.md gives the CPU per call.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -41,31 +54,37 @@ from typing import Any
 import gevent
 import gevent.event
 import zmq
-import zmq.green as zmqg
 
 from ..client.call import ServerInfo
 from ..client.driver import CallDriver, Flight, exception_for
 from ..client.ids import new_id
 from ..client.options import ClientOptions, OptionViews
-from ..client.reuse import ReusedAnswers, answer_key, server_failed
+from ..client.reuse import ReusedAnswers, answer_key, ask_for, server_failed
 from ..core import codec
 from ..core import messages as m
-from ..core.call import CallMachine, Done, Tick
+from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall, Tick
 from ..core.messages import MsgType
 from ..errors import (CommunicationError, GridRPCError, MessageTooLarge, NoServerAvailable, ProtocolError,
-                      ServiceNotFound, error_from_wire)
-from ..transport.channel import configure_context, routing_id
+                      ServiceNotFound, error_from_wire, wire_kind)
+from ..files import read_file
+from ..transport.channel import DRAIN_BATCH, ZERO_COPY_THRESHOLD, configure_context, routing_id
 
 log = logging.getLogger(__name__)
-_ctx: zmqg.Context | None = None
+_ctx: zmq.Context | None = None
 _TICK = Tick()
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = zmq.EVENTS
+_NOBLOCK = zmq.NOBLOCK
+_CALL = MsgType.CALL
+_ERROR = MsgType.ERROR
+_SERVERS = MsgType.SERVERS
 
 
-def context() -> zmqg.Context:
-    """The process's green zmq context (separate from the asyncio one)."""
+def context() -> zmq.Context:
+    """The process's zmq context of the load-test clients (separate from the asyncio one)."""
     global _ctx
     if _ctx is None or _ctx.closed:
-        _ctx = configure_context(zmqg.Context())
+        _ctx = configure_context(zmq.Context())
     return _ctx
 
 
@@ -83,11 +102,17 @@ class Record:
     size: int = 0             # bytes of the answer frames
     server: str = ""
     error: str = ""           # exception type name when it failed
-    discover_ms: float = 0.0  # part of ``ms`` spent in discovery (kind call)
+    discover_ms: float = 0.0  # part of ``ms`` spent asking the MA (kind call; 0: a kept answer served it)
 
 
 class _Socket:
-    """A green DEALER plus the greenlet reading it."""
+    """A DEALER that never blocks; what arrives is handed to ``on_message``
+    from a callback of the gevent hub (its I/O watcher), drained until
+    ``EAGAIN`` (at most ``DRAIN_BATCH`` messages per turn). zmq's descriptor
+    is edge-triggered and a send may consume the edge: after every send the
+    socket's ``EVENTS`` are read and a drain is scheduled when input waits."""
+
+    __slots__ = ("sock", "address", "name", "on_message", "closed", "_watcher", "_loop", "_scheduled")
 
     def __init__(self, address: str, on_message, name: str) -> None:
         s = context().socket(zmq.DEALER)
@@ -107,45 +132,100 @@ class _Socket:
         self.sock, self.address, self.name = s, address, name
         self.on_message = on_message
         self.closed = False
-        self.reader = gevent.spawn(self._read)
+        self._scheduled = False
+        self._loop = gevent.get_hub().loop
+        self._watcher = self._loop.io(s.getsockopt(zmq.FD), 1)
+        self._watcher.start(self._drain)
+        self._check()
 
     def send(self, frames: list) -> None:
         if self.closed:
             raise CommunicationError(f"{self.name}: socket closed")
-        big = any(len(f) >= 65536 for f in frames)
         try:
-            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=not big)
+            if len(frames) == 1:
+                self.sock.send(frames[0], _NOBLOCK)
+            else:
+                big = any(len(f) >= ZERO_COPY_THRESHOLD for f in frames)
+                self.sock.send_multipart(frames, flags=_NOBLOCK, copy=not big)
         except zmq.Again as exc:
             raise CommunicationError(f"{self.name}: peer not reachable (send would block)") from exc
         except zmq.ZMQError as exc:
             raise CommunicationError(f"{self.name}: send failed: {exc}") from exc
+        self._check()
 
-    def _read(self) -> None:
-        while not self.closed:
+    def _check(self) -> None:
+        """Input waiting (the send may have taken the descriptor's edge): drain it soon."""
+        if not self._scheduled and self.sock.getsockopt(_EVENTS) & _POLLIN:
+            self._scheduled = True
+            self._loop.run_callback(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        if self.closed:
+            return
+        recv, handle = self.sock.recv_multipart, self.on_message
+        for _ in range(DRAIN_BATCH):
             try:
-                frames = self.sock.recv_multipart(copy=False)
+                frames = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return
             except zmq.ZMQError:
                 return
             try:
-                self.on_message(frames)
-            except Exception:  # a bug here must not kill the reader
+                handle(frames)
+            except Exception:  # noqa: BLE001 - a bug here must not stop the socket
                 log.exception("%s: error while handling a message", self.name)
+            if self.closed:
+                return
+        self._scheduled = True                  # more waiting: another turn, after the others
+        self._loop.run_callback(self._drain)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self.reader.kill(block=True, timeout=1)
+        self._watcher.stop()
+        self._watcher.close()
         self.sock.close(linger=0)
+
+
+class _GreenCall:
+    """What the client keeps of one call (the flight's ``context``)."""
+
+    __slots__ = ("service", "aggregator", "k", "client", "chosen", "asked_at", "sent_at")
+
+    def __init__(self, service: str, aggregator: Any, k: int, client: "GreenClient") -> None:
+        self.service, self.aggregator, self.k, self.client = service, aggregator, k, client
+        self.chosen: str | None = None          # server counted in flight in the reuse window
+        self.asked_at: float | None = None      # perf_counter when this call first asked the MA
+        self.sent_at: float | None = None       # perf_counter of its first CALL
+
+
+class _Ask:
+    """A DISCOVER out for calls: the call that asked, the calls that joined
+    it (same reuse key), and the timer that ends it."""
+
+    __slots__ = ("flight", "discover", "key", "service", "k", "timer")
+
+    def __init__(self, flight: Flight, discover: Discover, key, service: str, k: int, timer) -> None:
+        self.flight, self.discover, self.key, self.service, self.k, self.timer = \
+            flight, discover, key, service, k, timer
+
+    def stop_timer(self) -> None:
+        t, self.timer = self.timer, None
+        if t is not None:
+            t.stop()
+            t.close()
 
 
 class _GreenDriver(CallDriver):
     """The call machine under gevent: the calling greenlet waits on an event,
-    set by the outcome or by a wakeup that moved earlier; the reader
-    greenlets feed the replies."""
+    set by the outcome or by a wakeup that moved earlier; the sockets'
+    callbacks feed the replies."""
 
     def __init__(self, client: "GreenClient") -> None:
-        super().__init__(clock=time.monotonic, new_id=new_id, decode=_decode, name="green client")
+        super().__init__(clock=time.monotonic, new_id=new_id, decode=_decode, name="green client",
+                         on_attempt=_on_attempt, on_discover=client._on_discover)
         self.client = client
 
     def send(self, address: str, frames: list) -> None:
@@ -167,12 +247,13 @@ class _GreenDriver(CallDriver):
 
     def wait(self, flight: Flight):
         """Park the calling greenlet until the call ends; its outcome."""
+        waiter, machine, clock = flight.waiter, flight.machine, self.clock
         try:
             while flight.outcome is None:
-                w = flight.machine.next_wakeup()
+                w = machine.next_wakeup()
                 flight.waiting_until = math.inf if w is None else w
-                flight.waiter.clear()
-                flight.waiter.wait(None if w is None else max(0.0, w - time.monotonic()))
+                waiter.clear()
+                waiter.wait(None if w is None else max(0.0, w - clock()))
                 flight.waiting_until = None
                 if flight.outcome is None:
                     self.feed(flight, _TICK)
@@ -184,21 +265,39 @@ class _GreenDriver(CallDriver):
 
 
 def _decode(header: dict, frames: list) -> tuple[Any, int]:
-    return codec.decode(header.get("value"), [f.buffer for f in frames[1:]]), sum(len(f) for f in frames)
+    size = 0
+    for f in frames:
+        size += len(f)
+    if len(frames) == 1:
+        return codec.decode(header.get("value"), ()), size
+    return codec.decode(header.get("value"), [f.buffer for f in frames[1:]]), size
+
+
+def _on_attempt(flight: Flight, a: SendCall) -> None:
+    call = flight.context
+    if call is None:
+        return
+    call.client.counters["call_messages"] += 1
+    if call.sent_at is None:
+        call.sent_at = time.perf_counter()
+    chosen = call.chosen
+    if chosen is not None and chosen != a.server:   # passed on (busy probe, failover): counted where it is
+        call.client._reuse.moved(chosen, a.server)
+        call.chosen = a.server
 
 
 class GreenClient(OptionViews):
     """A gridrpc client for gevent (locust). Same errors as :class:`gridrpc.Client`.
 
     Options: the fields of :class:`gridrpc.ClientOptions` (``timeout``
-    defaults to 60 s here and bounds a whole call, discovery included), plus
-    ``keep_records``. ``discovery_timeout`` bounds one discovery;
-    ``ack_timeout`` the wait for a SeD's ACCEPTED before the next candidate is
-    tried; a running call whose SeD stays silent to pings for ``ping_timeout``
-    (or the ``patience`` it announced) fails over (``failover``) or raises
-    CommunicationError.
+    defaults to 60 s here and bounds a whole call, discovery and its retries
+    included), plus ``keep_records``. ``discovery_timeout`` bounds one
+    discovery; ``ack_timeout`` the wait for a SeD's ACCEPTED before the next
+    candidate is tried; a running call whose SeD stays silent to pings for
+    ``ping_timeout`` (or the ``patience`` it announced) fails over
+    (``failover``) or raises CommunicationError; ``reuse_discovery`` the
+    window of kept view answers (0: every call asks the MA).
     """
-
 
     def __init__(self, master_agent: str | None = None, *, keep_records: bool = False,
                  options: ClientOptions | None = None, **kwargs: Any) -> None:
@@ -213,8 +312,13 @@ class GreenClient(OptionViews):
         self._driver = _GreenDriver(self)
         self._ma: _Socket | None = None
         self._seds: dict[str, _Socket] = {}
-        self._pending: dict[str, gevent.event.AsyncResult] = {}
+        self._pending: dict[str, Any] = {}         # request id -> AsyncResult (a caller waits) or _Ask (calls)
+        self._joining: dict[tuple, list] = {}      # reuse key -> [(flight, Discover)] waiting for the same ask
         self._addresses: dict[str, str] = {}
+        self._k = self.options.max_candidates if self.options.failover else 1
+        #: calls made; CALL messages sent for them (more than one per call: a busy probe passed on, a
+        #: failover); DISCOVERs sent to the MA for them (fewer than calls: the reuse window, joined asks)
+        self.counters = {"calls": 0, "call_messages": 0, "discover_messages": 0}
         self.closed = False
 
     # -- lifecycle --------------------------------------------------------
@@ -224,8 +328,12 @@ class GreenClient(OptionViews):
         self.closed = True
         err = CommunicationError("client closed")
         for r in list(self._pending.values()):
-            if not r.ready():
+            if type(r) is _Ask:
+                r.stop_timer()
+            elif not r.ready():
                 r.set_exception(err)
+        self._pending.clear()
+        self._joining.clear()
         self._driver.abort_all("client closed")
         if self._ma:
             self._ma.close()
@@ -239,6 +347,15 @@ class GreenClient(OptionViews):
         self.close()
 
     # -- the MA -----------------------------------------------------------
+    def _ma_socket(self) -> _Socket:
+        if self.closed:
+            raise CommunicationError("client is closed")
+        if not self.master_agent:
+            raise ServiceNotFound("this client has no master agent: give servers by address")
+        if self._ma is None:
+            self._ma = _Socket(self.master_agent, self._on_ma, "client->MA")
+        return self._ma
+
     def _on_ma(self, frames: list) -> None:
         try:
             mt, h = m.parse_header(frames[0].bytes)
@@ -246,20 +363,20 @@ class GreenClient(OptionViews):
             log.warning("bad message from the MA: %s", exc)
             return
         r = self._pending.pop(h["id"], None)
-        if r is not None and not r.ready():
+        if r is None:
+            return
+        if type(r) is _Ask:
+            self._answered(r, mt, h)
+        elif not r.ready():
             r.set((mt, h, sum(len(f) for f in frames)))
 
     def _ma_request(self, header: dict, timeout: float) -> tuple[MsgType, dict, int]:
-        if self.closed:
-            raise CommunicationError("client is closed")
-        if not self.master_agent:
-            raise ServiceNotFound("this client has no master agent: give servers by address")
-        if self._ma is None:
-            self._ma = _Socket(self.master_agent, self._on_ma, "client->MA")
+        """Send ``header`` to the MA and park this greenlet until it answers."""
+        sock = self._ma_socket()
         r = gevent.event.AsyncResult()
         self._pending[header["id"]] = r
         try:
-            self._ma.send([m.dumps(header)])
+            sock.send([m.dumps(header)])
             return r.get(timeout=timeout)
         except gevent.Timeout:
             raise CommunicationError(f"the master agent at {self.master_agent} did not answer "
@@ -267,39 +384,35 @@ class GreenClient(OptionViews):
         finally:
             self._pending.pop(header["id"], None)
 
-    def _discover(self, service: str, k: int, aggregator: Any, args: tuple,
-                  timeout: float | None = None) -> tuple[list[ServerInfo], int, bool]:
-        """The servers, the answer's size, and whether the MA answered from its view."""
+    def _discover_header(self, service: str, k: int, aggregator: Any, args: tuple) -> dict:
         o = self.options
-        h = m.make(MsgType.DISCOVER, new_id(), service=service, k=int(k), user=self.user,
-                   aggregator=aggregator if aggregator is not None else o.aggregator,
-                   budget_ms=o.budget * 1000, optional=False,
-                   args=[codec.light_description(a) for a in args])
-        wait = o.discovery_timeout if timeout is None else min(o.discovery_timeout, timeout)
-        until = time.monotonic() + (o.retry_timeout if timeout is None else timeout)
-        delay = 0.05
-        while True:
-            mt, r, size = self._ma_request(h, wait)
-            if mt is not MsgType.ERROR:
-                break
-            exc = error_from_wire(r["error"])
-            # a restarted MA rebuilding its tree: retry, as the asyncio client does, within the budget
-            if getattr(exc, "kind", None) != "rebuilding" or time.monotonic() + delay > until:
-                raise exc
-            gevent.sleep(delay)
-            delay = min(1.0, delay * 2)
-            h = dict(h, id=new_id())
-        servers = [ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {})
-                   for s in r.get("servers", []) if isinstance(s, dict) and "name" in s and "address" in s]
-        for s in servers:
-            self._addresses[s.name] = s.address
-        return servers, size, r.get("view") is True
+        return m.make(MsgType.DISCOVER, new_id(), service=service, k=int(k), user=self.user,
+                      aggregator=aggregator if aggregator is not None else o.aggregator,
+                      budget_ms=o.budget * 1000, optional=False,
+                      args=[codec.light_description(a) for a in args])
+
+    def _servers(self, r: dict) -> list[ServerInfo]:
+        out = []
+        addresses = self._addresses
+        for s in r.get("servers") or ():
+            if type(s) is dict and "name" in s and "address" in s:
+                info = ServerInfo(name=s["name"], address=s["address"], estimation=s.get("estimation") or {},
+                                  idempotent=s.get("idempotent") is not False)
+                addresses[info.name] = info.address
+                out.append(info)
+        return out
 
     def discover(self, service: str, k: int = 10, *, aggregator: Any = None, args: tuple = ()) -> list[ServerInfo]:
-        """Ranked servers (best first) offering ``service``: min(k, available)."""
+        """Ranked servers (best first) offering ``service``: min(k, available).
+        One request to the MA (as ``AsyncClient.discover``: the reuse window
+        and the retries are the calls')."""
         t0 = time.perf_counter()
         try:
-            servers, size, _ = self._discover(service, k, aggregator, args)
+            mt, r, size = self._ma_request(self._discover_header(service, k, aggregator, args),
+                                           self.options.discovery_timeout)
+            if mt is _ERROR:
+                raise error_from_wire(r["error"])
+            servers = self._servers(r)
         except GridRPCError as exc:
             self._record("discover", service, t0, error=type(exc).__name__)
             raise
@@ -309,14 +422,14 @@ class GreenClient(OptionViews):
     def services(self) -> dict:
         """The catalogue: service -> {doc, params, servers}."""
         mt, r, _ = self._ma_request(m.make(MsgType.SERVICES, new_id()), self.options.discovery_timeout)
-        if mt is MsgType.ERROR:
+        if mt is _ERROR:
             raise error_from_wire(r["error"])
         self._addresses.update({k: v for k, v in (r.get("servers") or {}).items() if v})
         return r["services"]
 
     def resolve(self, server: str | ServerInfo) -> ServerInfo:
         """A SeD by name, ``tcp://host:port#name`` or ``tcp://host:port``."""
-        if isinstance(server, ServerInfo):
+        if type(server) is ServerInfo:
             return server
         if "://" in server:
             addr, _, name = server.partition("#")
@@ -327,48 +440,189 @@ class GreenClient(OptionViews):
             raise NoServerAvailable(f"no server named {server!r} in the tree")
         return ServerInfo(name=server, address=self._addresses[server])
 
+    # -- discovery for calls (the machine's Discover actions) ---------------
+    def _on_discover(self, flight: Flight, a: Discover) -> Discovered | DiscoveryFailed | None:
+        """A kept view answer at once; else join a discovery of the same key
+        already out; else ask the MA (the answer is fed back from the MA's
+        socket). As :meth:`gridrpc.AsyncClient._on_discover`."""
+        call = flight.context
+        reuse, key = self._reuse, None
+        if reuse is not None and not self.closed:
+            key = answer_key(call.service, False, call.k, call.aggregator)
+            now = self._driver.clock()
+            servers = reuse.take(key, now)
+            if servers is not None:
+                return self._seat(call, servers, call.k, now)
+            if call.asked_at is None:
+                call.asked_at = time.perf_counter()
+            joined = self._joining.get(key)
+            if joined is not None:              # the same request is out: its answer serves this call too
+                joined.append((flight, a))
+                return None
+            self._joining[key] = []
+        return self._ask(flight, a, key)
+
+    def _ask(self, flight: Flight, a: Discover, key) -> DiscoveryFailed | None:
+        """Send a DISCOVER for ``flight`` (and the calls that join it under ``key``)."""
+        call = flight.context
+        asked = call.k
+        if key is not None:         # a server per call waiting for this answer and per server taken (reuse.py)
+            asked = ask_for(call.k, 1 + len(self._joining.get(key, ())), len(self._reuse.in_flight))
+        h = self._discover_header(call.service, asked, call.aggregator, ())
+        timeout = self.options.discovery_timeout
+        if a.timeout is not None and a.timeout < timeout:
+            timeout = max(0.01, a.timeout)
+        try:
+            sock = self._ma_socket()
+            rid = h["id"]
+            ask = _Ask(flight, a, key, call.service, call.k, None)
+            self._pending[rid] = ask
+            sock.send([m.dumps(h)])
+            self.counters["discover_messages"] += 1
+        except GridRPCError as exc:
+            self._pending.pop(h["id"], None)
+            joined = self._joining.pop(key, []) if key is not None else []
+            event = DiscoveryFailed(_kind_of(exc), str(exc))
+            for f, _own in joined:
+                self._driver.feed(f, event)
+            return event
+        if call.asked_at is None:
+            call.asked_at = time.perf_counter()
+        timer = ask.timer = gevent.get_hub().loop.timer(timeout)
+        timer.start(self._ask_timed_out, rid, timeout)
+        return None
+
+    def _ask_timed_out(self, rid: str, timeout: float) -> None:
+        ask = self._pending.pop(rid, None)
+        if type(ask) is not _Ask:
+            return
+        ask.stop_timer()
+        self._settle(ask, DiscoveryFailed("timeout", f"discovery of {ask.service} timed out: the master agent "
+                                                     f"at {self.master_agent} did not answer within {timeout:.3g}s"),
+                     [], False)
+
+    def _answered(self, ask: _Ask, mt: MsgType, h: dict) -> None:
+        ask.stop_timer()
+        if mt is _ERROR:
+            exc = error_from_wire(h["error"])
+            self._settle(ask, DiscoveryFailed(_kind_of(exc), str(exc)), [], False)
+        elif mt is _SERVERS:
+            servers = self._servers(h)
+            self._settle(ask, Discovered(servers), servers, h.get("view") is True)
+        else:
+            self._settle(ask, DiscoveryFailed("protocol", f"unexpected {mt.value!r} answer to a discovery"),
+                         [], False)
+
+    def _settle(self, ask: _Ask, event, servers: list, from_view: bool) -> None:
+        """Feed the answer to the call that asked and to those that joined it,
+        each with the answer ranked for itself; the joiners it cannot seat
+        ask again, as one discovery. As ``AsyncClient._discover_for``."""
+        key, flight, k = ask.key, ask.flight, ask.k
+        reuse = self._reuse
+        saturated = False
+        now = self._driver.clock()
+        ok = type(event) is Discovered and reuse is not None and servers
+        if ok:
+            saturated = reuse.saturated(servers, now)
+            if key is not None and from_view:
+                reuse.keep(key, servers, now, saturated)
+        joined = self._joining.pop(key, []) if key is not None else []
+        again: list = []
+        feed = self._driver.feed
+        for f, own in [(flight, ask.discover)] + joined:
+            if f.machine.finished:
+                continue
+            if ok:
+                ranked = reuse.rerank(servers, now)
+                if f is not flight and not reuse.fits(ranked, saturated, now):
+                    again.append((f, own))      # the answer's servers are taken by the calls before
+                    continue
+                feed(f, self._seat(f.context, ranked, k, now))
+            else:
+                feed(f, event)
+        if again:
+            waiting = self._joining.get(key)
+            if waiting is not None:
+                waiting.extend(again)
+            else:
+                self._joining[key] = again[1:]
+                f, own = again[0]
+                follow = self._ask(f, own, key)
+                if follow is not None:
+                    feed(f, follow)
+
+    def _seat(self, call: _GreenCall, ranked: list, k: int, now: float) -> Discovered:
+        """``call`` takes the answer ``ranked`` for it: counted in flight on
+        its first server, its first ``k`` servers as candidates, a probe when
+        that server is free by this client's count, else queued there."""
+        reuse = self._reuse
+        free = reuse.free(ranked, now)
+        call.chosen = reuse.begin(ranked)
+        return Discovered(ranked[:k], free)
+
     # -- calls ------------------------------------------------------------
     def call(self, service: str, *args, server: str | ServerInfo | None = None,
              timeout: float | None = None, aggregator: Any = None, **kwargs) -> Any:
         """Call ``service``: discovery then the SeD, or straight to ``server``
         (a name, an address or a :class:`ServerInfo`) — recorded as ``bound``."""
-        kind = "call" if server is None else "bound"
         t0 = time.perf_counter()
         o = self.options
         timeout = o.timeout if timeout is None else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        disc_ms = 0.0
-        chosen = None
+        call = _GreenCall(service, aggregator, self._k, self)
+        self.counters["calls"] += 1
+        flight = None
         try:
+            if self.closed:
+                raise CommunicationError("client is closed")
+            deadline = None if timeout is None else time.monotonic() + timeout
             buffers: list = []
-            tree_args = codec.encode(list(args), buffers)
-            tree_kwargs = codec.encode(dict(kwargs), buffers)
-            size = sum(len(memoryview(b).cast("B")) if not isinstance(b, bytes) else len(b) for b in buffers)
-            if size > o.max_message_size:
-                raise MessageTooLarge(f"arguments of {service} are {size} bytes; the maximum message "
-                                      f"size is {o.max_message_size}")
-            if server is None:
-                k = o.max_candidates if o.failover else 1
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                reuse = self._reuse        # a view answer of the last reuse_discovery s (gridrpc.client.reuse)
-                key = answer_key(service, False, k, aggregator)
-                candidates = reuse.take(key, time.monotonic()) if reuse is not None else None
-                if candidates is None:
-                    candidates, _, from_view = self._discover(service, k, aggregator, (), left)
-                    disc_ms = (time.perf_counter() - t0) * 1000
-                    if reuse is not None and candidates:
-                        candidates = reuse.answered(key, candidates, from_view, time.monotonic())
-                if reuse is not None and candidates:
-                    chosen = reuse.begin(candidates)
-            else:
-                candidates = [self.resolve(server)]
-            value, size, srv = self._dispatch(service, candidates, tree_args, tree_kwargs, buffers, deadline,
-                                              chosen)
+            tree_args = codec.encode(list(args), buffers, read_file)
+            tree_kwargs = codec.encode(kwargs, buffers, read_file) if kwargs else {}
+            if buffers:
+                size = sum(len(memoryview(b).cast("B")) if not isinstance(b, bytes) else len(b) for b in buffers)
+                if size > o.max_message_size:
+                    raise MessageTooLarge(f"arguments of {service} are {size} bytes; the maximum message "
+                                          f"size is {o.max_message_size}")
+            candidates = () if server is None else (self.resolve(server),)
+            header = m.make(_CALL, "", service=service, args=tree_args, kwargs=tree_kwargs, user=self.user,
+                            optional=False, ack_ms=self._policy.ack_ms)
+            machine = CallMachine(service, candidates, policy=self._policy, deadline=deadline, new_id=new_id,
+                                  discover=server is None)
+            flight = self._driver.launch(machine, header, buffers or (), call)
+            outcome = self._driver.wait(flight)
         except GridRPCError as exc:
-            self._record(kind, service, t0, error=type(exc).__name__, discover_ms=disc_ms)
+            self._end(call, flight, None)
+            self._record("call" if server is None else "bound", service, t0, error=type(exc).__name__,
+                         discover_ms=self._discover_ms(call, t0))
             raise
-        self._record(kind, service, t0, size=size, server=srv, discover_ms=disc_ms)
-        return value
+        except BaseException:
+            self._end(call, flight, None)
+            raise
+        self._end(call, flight, outcome)
+        kind = "call" if server is None else "bound"
+        if type(outcome) is Done:
+            value, size = outcome.value
+            self._record(kind, service, t0, size=size, server=outcome.server, discover_ms=self._discover_ms(call, t0))
+            return value
+        exc = exception_for(outcome.error)
+        self._record(kind, service, t0, error=type(exc).__name__, discover_ms=self._discover_ms(call, t0))
+        raise exc
+
+    def _end(self, call: _GreenCall, flight: Flight | None, outcome) -> None:
+        chosen = call.chosen
+        if chosen is not None:
+            call.chosen = None
+            self._reuse.ended(chosen, failed=server_failed(flight.machine if flight else None, outcome),
+                              now=self._driver.clock())
+        if flight is not None:
+            flight.context = None
+
+    @staticmethod
+    def _discover_ms(call: _GreenCall, t0: float) -> float:
+        """The part of the call spent before its first CALL left, when it asked the MA (0: it did not)."""
+        if call.asked_at is None:
+            return 0.0
+        return ((call.sent_at if call.sent_at is not None else time.perf_counter()) - t0) * 1000
 
     def bind(self, service: str, k: int = 1, *, pick: int = 0) -> "GreenHandle":
         """Discover ``service`` once and return a handle bound to the
@@ -381,39 +635,31 @@ class GreenClient(OptionViews):
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "GreenHandle":
         return GreenHandle(self, service, server)
 
-    def _dispatch(self, service, candidates, tree_args, tree_kwargs, buffers, deadline, chosen=None):
-        """``chosen``: the server a kept or fresh answer gave the call (``reuse_discovery``), told when it ends."""
-        machine = outcome = None
-        try:
-            if self.closed:
-                raise CommunicationError("client is closed")
-            header = m.make(MsgType.CALL, "", service=service, args=tree_args, kwargs=tree_kwargs,
-                            user=self.user, optional=False, ack_ms=self._policy.ack_ms)
-            machine = CallMachine(service, candidates, policy=self._policy, deadline=deadline, new_id=new_id)
-            outcome = self._driver.wait(self._driver.launch(machine, header, buffers))
-        finally:
-            if chosen is not None:
-                self._reuse.ended(chosen, failed=server_failed(machine, outcome))
-        if type(outcome) is Done:
-            value, size = outcome.value
-            return value, size, outcome.server
-        raise exception_for(outcome.error)
-
     def _sed(self, address: str) -> _Socket:
         s = self._seds.get(address)
         if s is None or s.closed:
             if self.closed:
                 raise CommunicationError("client is closed")
-            s = _Socket(address, functools.partial(self._driver.on_message, address), f"client->{address}")
+            on_message = self._driver.on_message
+            s = _Socket(address, lambda frames: on_message(address, frames), f"client->{address}")
             self._seds[address] = s
         return s
 
     # -- records ----------------------------------------------------------
     def _record(self, kind: str, service: str, t0: float, **kw) -> None:
-        rec = Record(kind=kind, service=service, ms=(time.perf_counter() - t0) * 1000, **kw)
+        rec = Record(kind, service, (time.perf_counter() - t0) * 1000, **kw)
         self.last = rec
         if self.keep_records:
             self.records.append(rec)
+
+
+def _kind_of(exc: GridRPCError) -> str:
+    """The wire kind of an error raised while discovering."""
+    kind = getattr(exc, "kind", None)
+    if isinstance(kind, str):
+        return kind
+    kind = wire_kind(exc)
+    return "remote" if kind == "internal" else kind
 
 
 class GreenHandle:
@@ -429,3 +675,4 @@ class GreenHandle:
     def __repr__(self) -> str:
         s = self.server.name if isinstance(self.server, ServerInfo) else self.server
         return f"<GreenHandle {self.service} on {s or '(discovery)'}>"
+

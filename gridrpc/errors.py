@@ -168,6 +168,17 @@ ERROR_KINDS.update({"data": DataError, "data_lost": DataLost, "data_denied": Dat
 _KIND_OF: dict[type, str] = {cls: kind for kind, cls in reversed(ERROR_KINDS.items())}
 
 
+def kind_of(exc: BaseException) -> str:
+    """The wire kind of an error raised while discovering, for the call
+    machine's ``DiscoveryFailed``: the kind an answer carried, else the
+    table's (``remote`` for anything not in it)."""
+    kind = getattr(exc, "kind", None)
+    if isinstance(kind, str):
+        return kind
+    kind = wire_kind(exc)
+    return "remote" if kind == "internal" else kind
+
+
 def wire_kind(exc: BaseException) -> str:
     """The wire kind an error is answered with (``internal`` for anything not
     a gridrpc error): the inverse of :data:`ERROR_KINDS`."""

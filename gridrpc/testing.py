@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, Iterable
 
-from .errors import Timeout
+from .errors import NoServerAvailable, ServiceNotFound, Timeout
 from .examples import services as example_services
 from .local_agent import LocalAgent
 from .master_agent import MasterAgent
@@ -168,6 +168,19 @@ class LocalTree:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def discoverable(client, service: str, n: int = 1) -> bool:
+    """Whether ``client.discover(service)`` finds at least ``n`` servers; a
+    predicate for :func:`wait_for` after starting SeDs: a SeD is "ready" once
+    it listens, before its registration reached the MA, so the MA may still
+    answer that nobody offers ``service`` (``ServiceNotFound``, or
+    ``NoServerAvailable`` once ``discover`` stopped retrying a rebuilding
+    MA): not yet, rather than an error."""
+    try:
+        return len(client.discover(service, max(n, 10))) >= n
+    except (ServiceNotFound, NoServerAvailable):
+        return False
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:

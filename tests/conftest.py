@@ -5,9 +5,9 @@ from tests import requirements
 
 # Markers of the real-component tier (pyproject.toml), and the fixtures that
 # put a test in it whatever its module declares.
-REAL_MARKERS = ("real", "slurm", "netns", "cloud")
-FIXTURE_MARKERS = {"slurm_cluster": "slurm", "slurm_cluster2": "slurm", "netns_cluster": "netns",
-                   "moto_ec2": "cloud"}
+REAL_MARKERS = ("real", "slurm", "sge", "oar", "netns", "cloud")
+FIXTURE_MARKERS = {"slurm_cluster": "slurm", "slurm_cluster2": "slurm", "sge_cluster": "sge",
+                   "oar_cluster": "oar", "netns_cluster": "netns", "moto_ec2": "cloud"}
 
 
 def pytest_report_header(config):

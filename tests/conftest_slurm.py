@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.batch_clusters import SlurmCluster
 from tests.requirements import require
-from tests.slurm_cluster import PrivateSlurm
 
 __all__ = ["slurm_cluster", "slurm_cluster2", "require_slurm"]
 
@@ -29,13 +29,14 @@ def require_slurm() -> None:
 def _cluster(tmp_path_factory, name: str, **kwargs):
     require_slurm()
     workdir = tmp_path_factory.mktemp(f"slurm-{name}-", numbered=True)
-    with PrivateSlurm(workdir, name=name, **kwargs) as cluster:
+    with SlurmCluster(workdir, name=name, **kwargs) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
-    """A private Slurm ``PrivateSlurm(name="c1")``: node ``c1node1``,
+    """A private Slurm ``SlurmCluster(name="c1")`` (a ``PrivateSlurm`` with the
+    questions of tests/batch_clusters.py): node ``c1node1``,
     partition ``debug`` (default, unlimited) plus ``short`` (MaxTime 30 min)."""
     yield from _cluster(tmp_path_factory, "c1", cpus=2,
                         extra_conf="PartitionName=short Nodes={node} MaxTime=30:00 State=UP")

@@ -1,6 +1,7 @@
 """What the real-component tests need, and one way to say it: ``require(...)``.
 
-A real-component test (Slurm, sshd, network namespaces, moto...) calls::
+A real-component test (Slurm, Grid Engine, OAR, sshd, network namespaces,
+moto...) calls::
 
     from tests.requirements import require
     require("slurm")                 # or require("netns", "sshd"), ...
@@ -117,6 +118,22 @@ def _slurm() -> str | None:
     return _on_path("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "sinfo")
 
 
+def _sge() -> str | None:
+    reason = _on_path("qsub", "qstat", "qacct", "qdel", "qconf", "sge_qmaster", "sge_execd")
+    if reason is None and not os.access("/usr/lib/gridengine/spoolinit", os.X_OK):
+        reason = "/usr/lib/gridengine/spoolinit not found (package gridengine-master)"
+    return reason
+
+
+def _oar() -> str | None:
+    import glob
+    reason = _root() or _on_path("oarsub", "oarstat", "oardel", "oarnodes", "oarnodesetting", "oar-server",
+                                 "oar-database")
+    if reason is None and not glob.glob("/usr/lib/postgresql/*/bin/initdb"):
+        reason = "PostgreSQL's initdb not found under /usr/lib/postgresql/*/bin (package postgresql)"
+    return reason
+
+
 def _chromium() -> str | None:
     if any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
         return None
@@ -132,6 +149,12 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in [
               f"`sudo {INSTALL}` (apt-get install openssh-server openssh-client)"),
     Component("slurm", "Slurm and munge", _slurm,
               f"`sudo {INSTALL}` (apt-get install slurmd slurmctld slurm-client munge)"),
+    Component("sge", "Grid Engine (Son of Grid Engine)", _sge,
+              f"`sudo {INSTALL}` (apt-get install gridengine-master gridengine-exec gridengine-client, "
+              "debconf preseeded)"),
+    Component("oar", "OAR with PostgreSQL, as root", _oar,
+              f"`sudo {INSTALL}` (apt-get install oar-server oar-server-pgsql oar-node oar-user "
+              "oar-user-pgsql postgresql); run as root"),
     Component("moto", "moto's EC2 server", lambda: _module("moto", "flask", "flask_cors"),
               "python3 -m pip install -e '.[test]' (or: pip install 'moto[server]>=5')"),
     Component("libcloud", "Apache Libcloud", lambda: _module("libcloud"),

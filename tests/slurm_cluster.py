@@ -29,6 +29,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.daemon_procs import free_port as _free_port
+from tests.daemon_procs import marked_processes
+from tests.daemon_procs import proc_stat as _stat
+
 __all__ = ["PrivateSlurm", "SlurmClusterError", "slurm_installed"]
 
 class SlurmClusterError(RuntimeError):
@@ -47,12 +51,6 @@ def _which(binary: str) -> str | None:
     return shutil.which(binary)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _total_memory_mb() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -64,41 +62,13 @@ def _total_memory_mb() -> int:
     return 1024
 
 
-def _environ(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, pgid, sid) from /proc/PID/stat, None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _descendants(marker: bytes, sids: set[int]) -> list[int]:
     """Live PIDs started by our daemons: those whose environment holds
     *marker* (given only to the daemons, inherited by ``slurmstepd``), and every
     process in their sessions or in *sids* (the sessions we created).
     ``slurmstepd`` double-forks and calls ``setsid``; the job processes stay in
     its session. Our own session is never included."""
-    me, my_sid = os.getpid(), os.getsid(0)
-    procs: dict[int, int] = {}  # live (non-zombie) pid -> session id
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            st = _stat(int(entry))
-            if st is not None and st[0] not in "ZX":
-                procs[int(entry)] = st[3]
-    marked = {pid for pid, sid in procs.items()
-              if sid != my_sid and marker in _environ(pid)}
-    sessions = (set(sids) | {procs[pid] for pid in marked}) - {my_sid}
-    return sorted(marked | {pid for pid, sid in procs.items() if sid in sessions})
+    return marked_processes(marker, sids)
 
 
 class PrivateSlurm:

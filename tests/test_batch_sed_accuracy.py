@@ -22,7 +22,14 @@ import pytest
 from tests.conftest_slurm import require_slurm
 from tests.requirements import opt_in
 from tests.slurm_cluster import PrivateSlurm
-from tests.test_batch_sed import addr, client, running_sed, squeue_state, wait_until
+
+
+def squeue_state(cluster, job_id) -> str:
+    """Slurm's state and reason of a job, as ``squeue`` prints them."""
+    r = cluster.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r"], check=False)
+    return r.stdout.strip()
+from tests.batch_clusters import wait_until
+from tests.test_batch_sed import addr, client, running_sed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.real, pytest.mark.slow,
               opt_in("GRIDRPC_BATCH_ACCURACY", "measurement (about 1.5 minutes)")]

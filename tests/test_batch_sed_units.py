@@ -34,6 +34,19 @@ from gridrpc.sed.batch.sed import BatchSeD, importable_target
 from gridrpc.testing import LoopThread
 from gridrpc.examples import services as example_services
 
+
+@pytest.fixture(autouse=True)
+def _job_variables_stay_here():
+    """run_job sets the job's variables (GRIDRPC_CALL_ID, ...) in the process
+    it runs in: here the test process; taken back after each test, so that
+    they do not reach later tests and the processes those start."""
+    saved = dict(os.environ)
+    yield
+    for k in [k for k in os.environ if k not in saved]:
+        del os.environ[k]
+    os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
+
+
 # --------------------------------------------------------------------------- configuration
 
 
@@ -52,13 +65,13 @@ def test_parse_batch_config_checks_everything():
     c = parse_batch_config({"scheduler": "slurm", "partition": "debug", "time": "0:10:00",
                             "nodes": "2", "sbatch_options": "--mem=1G", "batch_env": ["A=1", "B=x=y"],
                             "poll_interval": 0.5, "cancel_on_exit": True})
-    assert c.time_limit == 600 and c.nodes == 2 and c.sbatch_options == ("--mem=1G",)
+    assert c.time_limit == 600 and c.nodes == 2 and c.submit_options == ("--mem=1G",)
     assert c.env == {"A": "1", "B": "x=y"} and c.poll_interval == 0.5 and c.cancel_on_exit
     for bad, msg in (({"nodes": 0}, "positive integer"), ({"nodes": "two"}, "positive integer"),
                      ({"colour": "red"}, "unknown batch setting"), ({"scheduler": "pbs9"}, "unknown scheduler"),
                      ({"time_limit": 100, "max_time_limit": 50}, "exceeds"),
                      ({"shared_dir": "/tmp/with space"}, "white space"), ({"poll_interval": -1}, "> 0"),
-                     ({"env": "A=1"}, "mapping"), ({"sbatch_options": ["--a\n--b"]}, "option strings"),
+                     ({"env": "A=1"}, "mapping"), ({"submit_options": ["--a\n--b"]}, "option strings"),
                      ({"cancel_on_exit": "yes"}, "true or false")):
         with pytest.raises(ConfigError, match=msg):
             parse_batch_config(bad)
@@ -94,7 +107,7 @@ def test_cli_and_deployment_round_trip(tmp_path):
     cmd = dep.command(spec.element("hpc"))
     assert cmd[cmd.index("--batch") + 1] == "slurm"
     assert cmd[cmd.index("--partition") + 1] == "short" and cmd[cmd.index("--time-limit") + 1] == "120"
-    assert "--sbatch-option=--mem=1G" in cmd
+    assert "--submit-option=--mem=1G" in cmd
     assert parse_batch_config(batch_settings(spec.element("hpc").options)).partition == "short"
     bad = {**data, "seds": [{**data["seds"][0], "nodes": -1}]}
     with pytest.raises(ConfigError, match="positive integer"):
@@ -102,6 +115,53 @@ def test_cli_and_deployment_round_trip(tmp_path):
     bad = {**data, "seds": [{**data["seds"][0], "colour": "red"}]}
     with pytest.raises(ConfigError, match="colour"):
         deploy_spec.parse(bad)
+
+
+def test_schedulers_come_from_the_registry(tmp_path):
+    """The CLI, the configuration and deployment files read one registry of
+    schedulers; each brings its own options; a bad name lists the known ones."""
+    from gridrpc.sed.batch import (Scheduler, SchedulerOption, make_backend, register_scheduler,
+                                   scheduler_names)
+    from gridrpc.sed.batch import registry
+    assert {"slurm", "sge", "oar"} <= set(scheduler_names())
+    with pytest.raises(ConfigError, match="unknown scheduler 'pbs'; known: oar, sge, slurm"):
+        parse_batch_config({"scheduler": "pbs"})
+    c = parse_batch_config({"scheduler": "sge", "scheduler_options": {"pe": "mpi"},
+                            "sbatch_options": ["-l h_vmem=1G"]})         # the old name of submit_options
+    assert c.scheduler_options == {"pe": "mpi"} and c.submit_options == ("-l h_vmem=1G",)
+    assert c.backend_options()["pe"] == "mpi"
+    with pytest.raises(ConfigError, match="unknown scheduler option 'queue' for sge; known: pe, shell"):
+        parse_batch_config({"scheduler": "sge", "scheduler_options": {"queue": "x"}})
+    with pytest.raises(ConfigError, match="unknown scheduler option 'pe' for slurm; known: none"):
+        parse_batch_config({"scheduler_options": {"pe": "x"}})
+    with pytest.raises(ConfigError, match="repeats"):
+        parse_batch_config({"submit_options": ["-a"], "sbatch_options": ["-b"]})
+    # the command line: --batch NAME, --scheduler-option, --sbatch-option as an alias
+    a = build_parser().parse_args(["sed", "--name", "b", "--batch", "sge", "--scheduler-option", "pe=smp",
+                                   "--sbatch-option=-l h_rt=60"])
+    c = parse_batch_config(batch_settings_from_args(a))
+    assert (c.scheduler, c.scheduler_options, c.submit_options) == ("sge", {"pe": "smp"}, ("-l h_rt=60",))
+    again = build_parser().parse_args(["sed", "--name", "b", *config_to_cli(c)])
+    assert parse_batch_config(batch_settings_from_args(again)) == c
+    # deployment files: the same registry decides
+    data = {"master_agent": {"name": "MA", "port": 0},
+            "seds": [{"name": "hpc", "parent": "MA", "kind": "batch", "scheduler": "pbs", "shared_dir": str(tmp_path),
+                      "services": ["gridrpc.examples.services:add"]}]}
+    with pytest.raises(ConfigError, match="unknown scheduler 'pbs'; known: oar, sge, slurm"):
+        deploy_spec.parse(data)
+    data["seds"][0].update(scheduler="oar", scheduler_options={"core": "cpu"})
+    assert deploy_spec.parse(data).element("hpc").options["scheduler_options"] == {"core": "cpu"}
+    # a new scheduler is one registration, with its options
+    register_scheduler(Scheduler(name="fake9", backend=lambda **kw: kw,
+                                 options={"depth": SchedulerOption("how deep", int)}))
+    try:
+        c = parse_batch_config({"scheduler": "fake9", "scheduler_options": {"depth": "3"}})
+        assert make_backend("fake9", **c.backend_options())["depth"] == 3
+        assert "fake9" in scheduler_names()
+        with pytest.raises(ConfigError, match="scheduler option depth"):
+            parse_batch_config({"scheduler": "fake9", "scheduler_options": {"depth": "deep"}})
+    finally:
+        registry._REGISTRY.pop("fake9")
 
 
 def test_deployment_file_in_the_repository_parses():
@@ -332,7 +392,7 @@ class FakeBackend:
             j = self.jobs[jid]
             j.update(state=JobState.RUNNING, start=time.time(), reason=None)
         d = shlex.split(j["spec"].script.splitlines()[1])[-1]
-        os.environ["GRIDRPC_JOB_STARTED"] = str(time.time())
+        os.environ["GRIDRPC_JOB_STARTED"] = str(time.time())     # undone by _job_variables_stay_here
         rc = run_job.run(d)
         self.finish(jid, JobState.COMPLETED if rc == 0 else JobState.FAILED,
                     "NonZeroExitCode" if rc else None, rc)

@@ -105,7 +105,7 @@ def garbage_header(h):
 
 
 def undecodable_result(h):
-    # nested 600 deep: parses (orjson allows 1024) but decoding it raises RecursionError
+    # nested 600 deep: valid JSON (orjson parses 1024 levels), refused when read (over 255 levels)
     deep = b"[" * 600 + b"]" * 600
     raw = b'{"v":1,"type":"result","id":"%s","server":"fake","value":%s}' % (h["id"].encode(), deep)
     return [(0, accepted(h)), (0.1, [raw])]
@@ -127,7 +127,7 @@ def patient_batch_sed(h):
 # -- garbage from the server: a clear error naming it, even without a timeout -------------------
 
 @pytest.mark.parametrize("script,reason", [(garbage_header, "header is not valid JSON"),
-                                           (undecodable_result, "undecodable result")])
+                                           (undecodable_result, "nested deeper than 255 levels")])
 def test_asyncio_client_fails_on_garbage_without_timeout(fake, script, reason):
     sed = fake(script)
     with gridrpc.Client(None, ping_interval=0.2) as c:

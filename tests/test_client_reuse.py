@@ -81,6 +81,27 @@ def test_a_saturated_answer_is_reused_anyway():
     assert r.take("free", 0.1) is None
 
 
+def test_an_answer_whose_first_server_showed_busy_serves_the_window_on_a_free_one():
+    """The MA's default aggregator ranks the least recently used first, busy
+    or not: an answer [busy, free] is kept as not saturated, and each call
+    of the window goes to the free server instead of asking the MA again."""
+    @dataclass
+    class E:
+        name: str
+        estimation: dict
+    r = ReusedAnswers(30.0)
+    r.keep("k", [E("busy", {"num_running": 1, "max_concurrent": 1, "num_waiting": 0}),
+                 E("free", {"num_running": 0, "max_concurrent": 1, "num_waiting": 0})], 0.0)
+    assert r.kept["k"][2] is False                            # a free slot showed: not saturated
+    for _ in range(3):                                        # a sequential caller: nothing in flight
+        ranked = r.take("k", 0.1)
+        assert names(ranked) == ["free", "busy"]
+        r.ended(r.begin(ranked))
+    assert r.reused == 3
+    r.started("free")                                         # now no free slot left by our count
+    assert r.take("k", 0.1) is None
+
+
 def test_rerank_counts_the_load_the_answer_showed_per_slot():
     @dataclass
     class E:

@@ -19,6 +19,7 @@ import yaml
 import gridrpc
 from gridrpc.deploy.runner import Deployment, format_status
 from gridrpc.deploy.spec import parse
+from gridrpc.testing import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -168,6 +169,14 @@ def test_two_sites_federated_by_their_deployment_files(tmp_path):
         pids = [s.pid for d in (da, db) for s in d.started.values()]
         with gridrpc.Client(ma_a, discovery_timeout=5, timeout=20) as c:
             assert c.call("add", 1, 2) == 3
+
+            def peer_linked() -> bool:
+                # MA-A started before MA-B: its link to the peer reconnects within a second
+                try:
+                    return bool(c.discover("echo", 1))
+                except (gridrpc.CommunicationError, gridrpc.NoServerAvailable, gridrpc.ServiceNotFound):
+                    return False
+            wait_for(peer_linked, 15, "site B's echo reachable from site A")
             call = c.submit("echo", "from site A")
             assert call.result(timeout=20) == "from site A" and call.server == "sed-b"
     finally:

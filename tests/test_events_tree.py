@@ -37,7 +37,9 @@ def test_a_calls_story_reaches_the_ma_and_the_tools():
         wait_for(lambda: "call_failed" in story(bad.id), 10, "the failure at the MA")
         stats = _get(f"{base}/api/stats")
         assert "add" in json.dumps(stats) and "alice" in json.dumps(stats)
-        top = subprocess.run([sys.executable, "-m", "gridrpc", "top", "--ma", base, "--once"],
+        # wide: captured, the console is 80 columns, where the element names may be cut ("sed-1…")
+        # depending on the other columns' contents (an MA up for minutes, loads of two digits)
+        top = subprocess.run([sys.executable, "-m", "gridrpc", "top", "--ma", base, "--once", "--width", "200"],
                              capture_output=True, text=True, timeout=60)
         assert top.returncode == 0, top.stderr
         assert "elements 4" in top.stdout and "sed-1-" in top.stdout and "calls/s" in top.stdout

@@ -6,7 +6,7 @@ import time
 import pytest
 
 import gridrpc
-from gridrpc.testing import wait_for
+from gridrpc.testing import discoverable, wait_for
 from tests.proc_tree import free_port
 
 pytestmark = pytest.mark.real
@@ -87,12 +87,7 @@ def test_sigstop_la_during_discovery(proc_tree):
         proc_tree.sed(f"a{i}", la1.address)
         proc_tree.sed(f"b{i}", la2.address)
     with gridrpc.Client(ma.address, discovery_timeout=5, discovery_budget=0.5) as c:
-        def all_four():
-            try:
-                return len(c.discover("add", 10)) == 4
-            except gridrpc.NoServerAvailable:   # the MA's rebuild window: no SeD attached yet
-                return False
-        wait_for(all_four, 10, "all four SeDs discoverable")
+        wait_for(lambda: discoverable(c, "add", 4), 10, "all four SeDs discoverable")
         la2.signal(signal.SIGSTOP)
         try:
             t = time.monotonic()
@@ -107,7 +102,7 @@ def test_sigstop_la_during_discovery(proc_tree):
         finally:
             la2.signal(signal.SIGCONT)
         wait_for(lambda: {"LA2", "b1", "b2"} <= tree_names(c), 10, "thawed branch back")
-        wait_for(lambda: len(c.discover("add", 10)) == 4, 10, "thawed branch discoverable")
+        wait_for(lambda: discoverable(c, "add", 4), 10, "thawed branch discoverable")
 
 
 def test_ma_restart_gets_whole_tree_back(proc_tree):

@@ -129,6 +129,25 @@ def test_unknown_service_is_permanent_once_rebuilt(proc_tree):
         assert time.monotonic() - t < 2.0
 
 
+def test_discover_waits_out_a_rebuilding_ma():
+    """``Client.discover`` retries an MA's ``rebuilding`` answer, as calls do:
+    asked before any SeD registered, it returns the SeD that registers
+    meanwhile, not the error."""
+    from gridrpc.testing import LocalTree
+    with LocalTree(las=0, seds_per_la=0, http=False, hb_interval=0.5, hb_timeout=5.0) as tree:
+        with gridrpc.Client(tree.ma_address, retry_timeout=0.01) as c:  # no time to retry: the bare answer
+            with pytest.raises(gridrpc.NoServerAvailable, match="rebuilding"):
+                c.discover("add", 1)
+        with gridrpc.Client(tree.ma_address) as c:
+            timer = threading.Timer(0.3, tree.add_sed, ("late", tree.ma_address))
+            timer.start()
+            try:
+                servers = c.discover("add", 1)
+            finally:
+                timer.join()
+            assert [s.name for s in servers] == ["late"]
+
+
 def run_kill_sed(proc_tree, tmp_path, service_opts: str, n: int = 12):
     """Two SeDs offering ``count`` (each call appends its token), one call at a
     time each; ``n`` calls of 0.6 s; kill -9 of the SeD running a call."""

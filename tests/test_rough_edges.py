@@ -576,15 +576,10 @@ def test_readme_run_optional_example_runs_as_written(proc_tree):
         proc_tree.start("sed", f"mc-{i}", "--service", "gridrpc.examples.services:montecarlo",
                         "--queue", "ethic", parent=ma.address)
     import gridrpc
-    from gridrpc.testing import wait_for
+    from gridrpc.testing import discoverable, wait_for
     block = _readme_block("out = client.run_optional(")
     with gridrpc.Client(ma.address, user="alice") as client:
-        def both_attached():
-            try:
-                return len(client.discover("montecarlo", 5)) == 2
-            except gridrpc.NoServerAvailable:   # the MA's rebuild window: no SeD attached yet
-                return False
-        wait_for(both_attached, 10, "SeDs")
+        wait_for(lambda: discoverable(client, "montecarlo", 2), 10, "both SeDs discoverable")
         scope = {"client": client, "gridrpc": gridrpc}
         t0 = time.monotonic()
         exec(compile(block, "README.md", "exec"), scope)

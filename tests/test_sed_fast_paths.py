@@ -127,7 +127,9 @@ def test_an_idle_worker_found_dead_is_replaced_before_it_gets_a_call():
             dead.proc.join(5)               # dead (its EOF not read yet: the loop has not run)
             got: list = []
             started = pool.start_now("c2", "add", [2, 2], {}, lambda v, e: got.append((v, e)))
-            for _ in range(5000):
+            # handed to a worker (the dead one: a bug), the call would end with its EOF, read in a loop
+            # turn or two; a call nobody got calls back never: a few turns, not seconds, tell them apart
+            for _ in range(5000 if started else 50):
                 if got:
                     break
                 await asyncio.sleep(0.002)

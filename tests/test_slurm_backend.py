@@ -25,6 +25,33 @@ def backend(slurm_cluster):  # noqa: F811
     slurm_cluster.cancel_all(timeout=30)     # leave the shared cluster idle
 
 
+@pytest.fixture(scope="module")
+def timed_out_job(tmp_path_factory):
+    """A job with a 30 s time limit running ``sleep 600`` on a private 1-CPU
+    Slurm of its own. Slurm's resolution is one minute and slurmctld checks
+    limits every 30 s: to save a minute, once the job runs with its 1-minute
+    limit its end is moved to now (``scontrol update EndTime=now``), and
+    slurmctld's own time-limit check ends it TIMEOUT/TimeLimit -- the same path
+    as a minute later. Started with the module's first test (below), so that
+    the wait for that check passes while the other tests run."""
+    require_slurm()
+    tmp = tmp_path_factory.mktemp("tl-jobs")
+    with PrivateSlurm(tmp_path_factory.mktemp("slurm-tl-"), name="tl", cpus=1) as tl:
+        backend = SlurmBackend(env=tl.env, command_timeout=20)
+        job_id = backend.submit(spec_for(tmp, "sleep 600", name="tlimit", time_limit=30))
+        running = wait_running(backend, job_id)
+        tl.run(["scontrol", "update", f"JobId={job_id}", "EndTime=now"])
+        yield backend, job_id, running
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _time_limit_runs_meanwhile(request):
+    """Start ``timed_out_job`` at the module's first test when its test is selected."""
+    if any(item.module is request.module and "timed_out_job" in getattr(item, "fixturenames", ())
+           for item in request.session.items):
+        request.getfixturevalue("timed_out_job")
+
+
 def wait_state(backend, job_id, predicate, timeout=30.0, what="") -> JobInfo:
     deadline = time.monotonic() + timeout
     delay = 0.05
@@ -158,23 +185,6 @@ def test_cancel_finished_or_unknown_job_is_not_an_error(backend, tmp_path):
     assert wait_final(backend, job_id).state is JobState.COMPLETED
     assert backend.cancel(job_id).state is JobState.COMPLETED
     assert backend.cancel("987654").state is JobState.UNKNOWN
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_time_limit_gives_timeout(backend, slurm_cluster, tmp_path):  # noqa: F811
-    # Slurm's resolution is one minute and slurmctld checks limits every ~30 s.
-    # To save a minute of CI, once the job runs with its 1-minute limit its end
-    # is moved to now (scontrol update EndTime=now): slurmctld's own time-limit
-    # check then ends it TIMEOUT/TimeLimit -- the same path as a minute later.
-    job_id = backend.submit(spec_for(tmp_path, "sleep 600", name="tlimit", time_limit=30))
-    running = wait_running(backend, job_id)
-    assert running.time_limit == 60.0          # 30 s rounded up to Slurm's minute
-    slurm_cluster.run(["scontrol", "update", f"JobId={job_id}", "EndTime=now"])
-    info = wait_final(backend, job_id, timeout=200)
-    assert info.state is JobState.TIMEOUT and info.reason == "TimeLimit"
-    assert info.signal == 15
-    assert info.end_time - info.start_time <= 60
 
 
 @pytest.mark.timeout(60)
@@ -321,3 +331,15 @@ def test_private_cluster_stop_leaves_no_process(tmp_path):
         assert daemons <= set(mine) and len(mine) > len(daemons)   # slurmstepd + sleep
     assert cluster.processes() == []
     assert not any(_alive(p) for p in mine)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_time_limit_gives_timeout(timed_out_job):
+    """Last in the module: ``timed_out_job`` started with its first test."""
+    backend, job_id, running = timed_out_job
+    assert running.time_limit == 60.0          # 30 s rounded up to Slurm's minute
+    info = wait_final(backend, job_id, timeout=200)
+    assert info.state is JobState.TIMEOUT and info.reason == "TimeLimit"
+    assert info.signal == 15
+    assert info.end_time - info.start_time <= 60

@@ -18,8 +18,8 @@ from datetime import datetime
 import pytest
 
 from gridrpc.errors import GridRPCError
-from gridrpc.sed.batch import (BACKENDS, BatchBackend, BatchError, JobInfo, JobSpec, JobState,
-                               SlurmBackend, make_backend)
+from gridrpc.sed.batch import (BatchBackend, BatchError, JobInfo, JobSpec, JobState,
+                               SlurmBackend, get_scheduler, make_backend)
 from gridrpc.sed.batch.slurm import (
     SACCT_FIELDS, SQUEUE_FORMAT, decode_wait_status, expand_hostlist, format_time_limit,
     parse_sacct, parse_sbatch_parsable, parse_sbatch_test_only, parse_scontrol_job,
@@ -650,7 +650,7 @@ def test_render_job_script():
 def test_backend_conforms_to_protocol_and_registry():
     backend = SlurmBackend(env={"SLURM_CONF": "/nonexistent"})
     assert isinstance(backend, BatchBackend)
-    assert BACKENDS["slurm"] is SlurmBackend
+    assert get_scheduler("slurm").backend is SlurmBackend
     assert isinstance(make_backend("slurm", env={}), SlurmBackend)
     with pytest.raises(GridRPCError):
         make_backend("pbs-does-not-exist")

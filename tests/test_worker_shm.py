@@ -122,6 +122,14 @@ class Sed:
     def stats(self) -> dict:
         return self.lt.call(self.sed.statistics)["shm"]
 
+    def settle(self, busy: int = 0) -> None:
+        """Wait until only ``busy`` of the SeD's segments are held. A reply
+        leaves zero-copy from the segment that holds the value, and zmq
+        drops the frame (the hold) in its own threads after the bytes went
+        out, maybe after the client got them and sent its next call: a call
+        that comes first finds the segment busy and gets a new one."""
+        wait_for(lambda: self.stats()["busy"] == busy, 10, f"{busy} segment(s) held by the SeD")
+
     def worker_pids(self) -> list[int]:
         return self.lt.call(self.sed.pool.pids)
 
@@ -179,6 +187,7 @@ def test_arrays_come_back_exact_for_every_dtype_and_layout(isolation, before_shm
                 expected = np.asarray(a) * 2
                 assert _same(s("inplace", a), expected.astype(a.dtype)), name
         if isolation == "process":
+            s.settle()                              # the last reply's segment comes back
             st = s.stats()
             assert st["created"] >= 1 and st["reused"] >= 1 and st["busy"] == 0
     finally:
@@ -195,10 +204,12 @@ def test_the_service_gets_its_array_on_the_sed_segment_and_echo_comes_back_witho
         path, _ = s("where", np.arange(100.0))   # small: through the pipe, private memory
         assert path is None or "memfd" not in path
         for _ in range(4):
+            s.settle()                          # the last reply's segment free again: it is the one reused
             assert _same(s("echo", a), a)
         names = memfd_maps()
         # the echoed array went back from the SeD's own segment: no worker segment mapped here
         assert names and all(n.startswith(f"/memfd:gridrpc-s{os.getpid()}-") for n in names), names
+        s.settle()
         st = s.stats()
         assert st["created"] == 1 and st["reused"] >= 4, st      # one segment, written again and again
         assert _same(s("fresh", a), a)                               # a new array: a worker segment
@@ -215,7 +226,9 @@ def test_an_argument_the_service_keeps_is_never_overwritten():
         assert s("keep", a) == 1.0
         for v in (2.0, 3.0, 4.0):                   # the same size: would reuse a's segment if it were free
             b = np.full(3 * MiB // 8, v)
+            s.settle(busy=1)                        # only a's: the last echo's segment is free for b
             assert _same(s("echo", b), b)
+        s.settle(busy=1)
         assert s("peek") == (1.0, 7.0)              # what the service kept is intact
         st = s.stats()
         assert st["created"] == 2 and st["busy"] == 1, st   # a's segment stays lent to the worker

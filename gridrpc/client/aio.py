@@ -24,7 +24,7 @@ from typing import Any
 from ..core import codec
 from ..address import parse_addresses
 from ..core.call import Discover, Discovered, DiscoveryFailed, SendCall
-from ..errors import CommunicationError, GridRPCError, wire_kind
+from ..errors import CommunicationError, GridRPCError, kind_of
 from ..files import FileSink
 from ..transport.channel import Channel, connect_dealer
 from ..transport.handshake import HandshakeWatch
@@ -235,7 +235,7 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         except asyncio.CancelledError:      # the client is closing: the calls that joined fail
             event, flight = DiscoveryFailed("communication", "client closed"), None
         except GridRPCError as exc:
-            event = DiscoveryFailed(_kind_of(exc), str(exc))
+            event = DiscoveryFailed(kind_of(exc), str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug of ours: the calls waiting on it fail, none hangs
             log.exception("%s: discovery of %s failed", self.user, service)
             event = DiscoveryFailed("internal", f"discovery of {service} failed: {exc!r}")
@@ -318,14 +318,6 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
     def _decode(self, header: dict, frames: list):
         return codec.decode(header.get("value"), [f.buffer for f in frames[1:]], self.sink)
 
-
-def _kind_of(exc: GridRPCError) -> str:
-    """The wire kind of an error raised by a discovery (its message says more)."""
-    kind = getattr(exc, "kind", None)
-    if isinstance(kind, str):
-        return kind
-    kind = wire_kind(exc)
-    return "remote" if kind == "internal" else kind
 
 
 def _data():

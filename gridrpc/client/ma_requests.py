@@ -115,8 +115,22 @@ class MasterAgentRequests:
         """Ranked servers (best first) offering ``service``: min(max_servers, available).
         ``max_age``: seconds the MA's pushed view may be old to answer from
         it (0: always ask the servers, a fan-out); None: the MA's default.
-        Always asks the MA (``reuse_discovery`` applies to calls only)."""
-        return (await self._discover_ranked(service, max_servers, aggregator, args, optional, max_age))[0]
+        Always asks the MA (``reuse_discovery`` applies to calls only).
+        An MA still rebuilding its tree after a restart (no child offers
+        ``service`` yet) is asked again with the calls' backoff (50 ms
+        doubling to 1 s) for up to ``retry_timeout`` s, as calls and the
+        gevent client do; its ``NoServerAvailable`` is raised after that."""
+        until = self.loop.time() + self.options.retry_timeout
+        delay = 0.05
+        while True:
+            try:
+                return (await self._discover_ranked(service, max_servers, aggregator, args, optional,
+                                                    max_age))[0]
+            except NoServerAvailable as exc:
+                if getattr(exc, "kind", None) != "rebuilding" or self.loop.time() + delay > until:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
 
     async def _discover_ranked(self, service: str, max_servers: int, aggregator: Any, args: tuple,
                                optional: bool, max_age: float | None) -> tuple[list[ServerInfo], bool]:

@@ -40,7 +40,8 @@ class ClientOptions:
     ``retry_timeout``: how long transient failures (no master agent answers,
     an MA rebuilding its tree, every server lost before the call started)
     are retried with backoff when the call has no ``timeout``, s (within a
-    timeout, until the timeout).
+    timeout, until the timeout); ``discover()`` retries an MA rebuilding its
+    tree for as long.
     ``share_discovery``: identical discoveries (same MAs, keys, service,
     number, aggregator, arguments) that clients of this process ask on the
     same event loop while one of them is in flight get that one's answer:

@@ -22,7 +22,8 @@ calls until a newer snapshot comes, which a call shorter than the push
 coalescing never sends (``gridrpc.core.discovery.CHOICE_MEMORY``).
 Counted again, they would make a burst that follows sequential calls
 leave a free server out and put a third call on another. A sequential caller gets the
-MA's first choice each time; a burst spreads over the answer's servers as
+MA's first choice each time (the first server the answer showed free, when
+the MA's first showed none); a burst spreads over the answer's servers as
 their slots allow, and once none has a free slot left (by that count) the
 next call asks the MA again, which knows the other servers — unless the
 answer showed no free slot when it came (the tree is saturated: the MA
@@ -202,8 +203,13 @@ class ReusedAnswers:
     def rerank(self, servers: Sequence[Any], now: float | None = None) -> list:
         """``servers`` (best first) ordered by their load by this client's
         count (``load``); a stable sort: ties keep the MA's order. With
-        nothing of this client in flight, the MA's order as it is."""
-        if not self.in_flight:
+        nothing of this client in flight the MA's order stands, unless its
+        first server shows no free slot while another does (the MA's
+        aggregator need not rank by load, e.g. least recently used first):
+        then a free one comes first, so an answer kept as not saturated
+        serves the next call."""
+        if not self.in_flight and (not servers or self.load(servers[0], now) < 1
+                                   or self.saturated(servers, now)):
             return list(servers)
         loads = [self.load(s, now) for s in servers]
         order = sorted(range(len(servers)), key=loads.__getitem__)     # stable: ties in the MA's order

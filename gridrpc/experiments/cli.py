@@ -92,11 +92,14 @@ def cmd_ethic(a: argparse.Namespace) -> int:
                             horizon=a.horizon, progress=lambda s: print(s, file=sys.stderr))
     else:
         # SIGTERM as Ctrl-C: the tree's processes live in their own sessions and are stopped only by
-        # run_experiment's way out (a plain SIGTERM left the MA, 2 SeD processes and 138 workers)
+        # run_experiment's way out (a plain SIGTERM left the MA, 2 SeD processes and 138 workers).
+        # Delivered as SIGINT: inside asyncio.run, SIGINT cancels the main task, whereas a
+        # KeyboardInterrupt raised here could land in any task's step, which then kept it and
+        # logged "Task exception was never retrieved" with a traceback at exit
         import signal
 
         def _term(_signum, _frame):
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
         old = signal.signal(signal.SIGTERM, _term)
         try:
             res = run_experiment(cfg, progress=lambda s: print(s, file=sys.stderr))

@@ -65,7 +65,7 @@ from ..core import messages as m
 from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall, Tick
 from ..core.messages import MsgType
 from ..errors import (CommunicationError, GridRPCError, MessageTooLarge, NoServerAvailable, ProtocolError,
-                      ServiceNotFound, error_from_wire, wire_kind)
+                      ServiceNotFound, error_from_wire, kind_of)
 from ..files import read_file
 from ..transport.channel import DRAIN_BATCH, ZERO_COPY_THRESHOLD, configure_context, routing_id
 
@@ -482,7 +482,7 @@ class GreenClient(OptionViews):
         except GridRPCError as exc:
             self._pending.pop(h["id"], None)
             joined = self._joining.pop(key, []) if key is not None else []
-            event = DiscoveryFailed(_kind_of(exc), str(exc))
+            event = DiscoveryFailed(kind_of(exc), str(exc))
             for f, _own in joined:
                 self._driver.feed(f, event)
             return event
@@ -505,7 +505,7 @@ class GreenClient(OptionViews):
         ask.stop_timer()
         if mt is _ERROR:
             exc = error_from_wire(h["error"])
-            self._settle(ask, DiscoveryFailed(_kind_of(exc), str(exc)), [], False)
+            self._settle(ask, DiscoveryFailed(kind_of(exc), str(exc)), [], False)
         elif mt is _SERVERS:
             servers = self._servers(h)
             self._settle(ask, Discovered(servers), servers, h.get("view") is True)
@@ -652,14 +652,6 @@ class GreenClient(OptionViews):
         if self.keep_records:
             self.records.append(rec)
 
-
-def _kind_of(exc: GridRPCError) -> str:
-    """The wire kind of an error raised while discovering."""
-    kind = getattr(exc, "kind", None)
-    if isinstance(kind, str):
-        return kind
-    kind = wire_kind(exc)
-    return "remote" if kind == "internal" else kind
 
 
 class GreenHandle:

@@ -14,7 +14,7 @@ back-end        runs a call                                           trade-offs
                                                                       a crash or a hang is
                                                                       the SeD's; cancel
                                                                       cannot stop a thread
-``batch``       as a job of a batch scheduler (Slurm:                 whole clusters; a job
+``batch``       as a job of a batch scheduler (Slurm, SGE, OAR:       whole clusters; a job
                 :mod:`gridrpc.sed.batch.jobs`)                        per call (seconds)
 ``cloud``       on VMs the SeD starts and stops                       elastic, priced; boot
                 (:mod:`gridrpc.sed.cloud.vms`)                        times

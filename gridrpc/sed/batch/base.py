@@ -2,9 +2,10 @@
 
 A batch SeD turns each call into a batch job. It talks to the scheduler only
 through a :class:`BatchBackend`: a small, blocking, stateless object (the SeD
-calls it from a worker thread). Slurm is :class:`~gridrpc.sed.batch.slurm.SlurmBackend`;
-PBS/Torque, OAR, LSF, ... are further classes with the same methods (see
-``docs/batch.md``).
+calls it from a worker thread), registered by name (:mod:`.registry`):
+:class:`~gridrpc.sed.batch.slurm.SlurmBackend`, :class:`~gridrpc.sed.batch.sge.SgeBackend`,
+:class:`~gridrpc.sed.batch.oar.OarBackend`; a further scheduler is one more
+module (see ``docs/batch.md``).
 
 Values crossing the interface are frozen, keyword-only dataclasses:
 
@@ -83,13 +84,13 @@ class JobSpec:
     workdir: str | None = None          # the job's working directory (and output files)
     partition: str | None = None
     account: str | None = None
-    time_limit: float | None = None     # seconds; rounded up to whole minutes by Slurm
+    time_limit: float | None = None     # seconds (Slurm rounds up to whole minutes)
     nodes: int | None = None
     ntasks: int | None = None
     cpus_per_task: int | None = None
     output: str | None = None           # stdout file (scheduler default if None)
     error: str | None = None            # stderr file (joined with stdout if None)
-    extra_options: tuple[str, ...] = () # passed verbatim, e.g. ("--mem=1G",)
+    extra_options: tuple[str, ...] = () # passed verbatim, e.g. ("--mem=1G",) or ("-l h_vmem=1G",)
     env: Mapping[str, str] = field(default_factory=dict)  # exported to the job
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""``gridrpc sed --batch slurm ...``: build a :class:`~gridrpc.sed.batch.sed.BatchSeD`
+"""``gridrpc sed --batch NAME ...``: build a :class:`~gridrpc.sed.batch.sed.BatchSeD`
 from the command line. Each flag is a key of
 :class:`~gridrpc.sed.batch.config.BatchConfig` (the same keys as a deployment
 file's ``kind: batch`` entry); see ``docs/batch.md``.
@@ -9,6 +9,7 @@ import argparse
 
 from ...errors import ConfigError
 from .config import _CLI_FLAGS, parse_batch_config
+from .registry import scheduler_names
 
 _HELP = {
     "partition": "partition (queue) of the jobs (default: the cluster's default)",
@@ -18,16 +19,18 @@ _HELP = {
     "nodes": "nodes per job (default shape; calls may ask for more with _batch)",
     "ntasks": "tasks per job (default shape)",
     "cpus_per_task": "CPUs per task (default shape)",
-    "sbatch_options": "extra scheduler option, verbatim (repeatable; write --sbatch-option=--mem=2G)",
+    "submit_options": "extra option of the scheduler's submit command, verbatim (repeatable; write "
+                      "--submit-option=--mem=2G; --sbatch-option is the same)",
+    "scheduler_options": "KEY=VALUE setting of the scheduler itself (repeatable; see docs/batch.md)",
     "shared_dir": "directory shared with the compute nodes for arguments, results and state "
                   "(default ~/.gridrpc/batch)",
     "remote_python": "Python with gridrpc on the compute nodes (default: this one)",
     "poll_interval": "seconds between polls of the jobs' states, one query for all (default 2)",
     "estimate_interval": "seconds between refreshes of the cluster snapshot for estimates (default 5)",
     "max_jobs": "jobs of this SeD in the scheduler at once; more calls wait in the SeD (default 1000)",
-    "env": "KEY=VALUE for the scheduler commands and the jobs, e.g. SLURM_CONF=... (repeatable)",
+    "env": "KEY=VALUE for the scheduler commands and the jobs, e.g. which cluster they talk to (repeatable)",
     "job_env": "KEY=VALUE exported to the jobs only (repeatable)",
-    "bin_dir": "directory of sbatch/squeue/... if not on PATH",
+    "bin_dir": "directory of the scheduler's commands if not on PATH",
     "command_timeout": "seconds a scheduler command may take (default 30)",
     "cancel_timeout": "seconds a cancel waits for the job to be gone (default 30)",
     "cancel_on_exit": "cancel the running jobs when the SeD stops (default: keep them for a restart)",
@@ -39,14 +42,17 @@ _HELP = {
 
 def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("batch SeD", "each call runs as one batch job (see docs/batch.md)")
-    g.add_argument("--batch", metavar="SCHEDULER", help="run a batch SeD on this scheduler: slurm")
+    g.add_argument("--batch", metavar="SCHEDULER",
+                   help=f"run a batch SeD on this scheduler: {', '.join(scheduler_names())}")
     for name, flag in _CLI_FLAGS.items():
         if name == "scheduler":
             continue
         dest = f"batch_{name}"
-        if name in ("sbatch_options", "env", "job_env"):
-            g.add_argument(flag, dest=dest, action="append", default=[], metavar="OPTION" if
-                           name == "sbatch_options" else "KEY=VALUE", help=_HELP[name])
+        if name == "submit_options":
+            g.add_argument(flag, "--sbatch-option", dest=dest, action="append", default=[], metavar="OPTION",
+                           help=_HELP[name])
+        elif name in ("env", "job_env", "scheduler_options"):
+            g.add_argument(flag, dest=dest, action="append", default=[], metavar="KEY=VALUE", help=_HELP[name])
         elif name == "cancel_on_exit":
             g.add_argument(flag, dest=dest, action="store_true", default=None, help=_HELP[name])
         else:

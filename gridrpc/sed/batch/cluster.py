@@ -2,8 +2,8 @@
 
 - the states of its jobs: one ``states()`` for all of them every
   ``poll_interval``; a final state ends the call's wait (:mod:`.jobs`);
-- a snapshot of the cluster (``sinfo``, the pending queue, ``sbatch
-  --test-only`` for the default job shape) every ``estimate_interval``, so
+- a snapshot of the cluster (its resources, the pending queue, the
+  scheduler's start estimate for the default job shape) every ``estimate_interval``, so
   that discovery never waits on the scheduler; the estimation tags are
   computed from it with the SeD's own jobs
   (:func:`~gridrpc.sed.batch.estimate.batch_tags`).
@@ -64,10 +64,10 @@ class ClusterViewMixin:
         c = self.config
         return JobSpec(script="#!/bin/sh\ntrue\n", name=f"gridrpc-{self.sed_name}-estimate",
                        partition=c.partition, account=c.account, time_limit=c.time_limit, nodes=c.nodes,
-                       ntasks=c.ntasks, cpus_per_task=c.cpus_per_task, extra_options=c.sbatch_options)
+                       ntasks=c.ntasks, cpus_per_task=c.cpus_per_task, extra_options=c.submit_options)
 
     def _take_snapshot(self) -> ClusterSnapshot:
-        """(thread) sinfo, the pending queue, and sbatch --test-only for the default shape."""
+        """(thread) The partition's resources, the pending queue, and the start estimate of the default shape."""
         c = self.config
         try:
             cluster = self.scheduler.cluster_info(c.partition)

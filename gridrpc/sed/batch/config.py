@@ -1,13 +1,14 @@
 """Configuration of a batch SeD: one frozen dataclass, parsed once.
 
-The same keys come from the command line (``gridrpc sed --batch slurm ...``,
+The same keys come from the command line (``gridrpc sed --batch NAME ...``,
 see :mod:`.cli`) and from a deployment file's ``kind: batch`` entry
-(``scheduler: slurm, partition: debug, ...``); :func:`parse_batch_config`
+(``scheduler: NAME, partition: debug, ...``); :func:`parse_batch_config`
 checks them and raises :class:`~gridrpc.errors.ConfigError` with a clear
-message. Per-call resource requests (the ``_batch`` keyword argument) are
-checked by :func:`parse_call_request`.
+message. The scheduler name and its own ``scheduler_options`` are checked
+against the registry (:mod:`.registry`). Per-call resource requests (the
+``_batch`` keyword argument) are checked by :func:`parse_call_request`.
 
-Durations are seconds; :func:`parse_duration` also accepts Slurm's
+Durations are seconds; :func:`parse_duration` also accepts clock text
 ``[D-]HH:MM[:SS]`` (a string with ``:`` or ``-``).
 """
 from __future__ import annotations
@@ -20,10 +21,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...errors import ConfigError, InvalidArgument
+from .registry import check_scheduler_options, get_scheduler
 
 __all__ = ["BatchConfig", "parse_batch_config", "parse_duration", "parse_call_request",
            "CALL_OPTION", "CALL_KEYS", "BATCH_KEYS", "batch_settings", "config_to_cli"]
 
+#: the scheduler of a batch SeD that names none
+DEFAULT_SCHEDULER = "slurm"
 #: the reserved keyword argument carrying per-call resource requests
 CALL_OPTION = "_batch"
 #: what a call may ask for in ``_batch={...}``
@@ -33,7 +37,7 @@ CALL_KEYS = ("nodes", "ntasks", "cpus_per_task", "walltime")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchConfig:
     """Settings of one batch SeD (see ``docs/batch.md`` for each key)."""
-    scheduler: str = "slurm"
+    scheduler: str = DEFAULT_SCHEDULER
     partition: str | None = None           # None: the cluster's default partition
     account: str | None = None
     time_limit: float | None = None        # default walltime of a call's job (s); None: partition default
@@ -41,15 +45,16 @@ class BatchConfig:
     nodes: int | None = None               # default shape of a call's job
     ntasks: int | None = None
     cpus_per_task: int | None = None
-    sbatch_options: tuple[str, ...] = ()   # extra scheduler options, verbatim
+    submit_options: tuple[str, ...] = ()   # extra options of the submit command, verbatim
+    scheduler_options: Mapping[str, Any] = field(default_factory=dict)  # the scheduler's own settings
     shared_dir: str = "~/.gridrpc/batch"   # visible from the SeD host and the compute nodes
     remote_python: str = sys.executable    # the Python (with gridrpc) on the compute nodes
-    poll_interval: float = 2.0             # one `squeue` for all jobs per interval (s)
-    estimate_interval: float = 5.0         # refresh of sinfo / queue / sbatch --test-only (s)
+    poll_interval: float = 2.0             # one state query for all jobs per interval (s)
+    estimate_interval: float = 5.0         # refresh of the cluster snapshot behind estimates (s)
     max_jobs: int = 1000                   # jobs of this SeD in the scheduler at once; more wait here
     env: Mapping[str, str] = field(default_factory=dict)      # scheduler commands (and their jobs)
     job_env: Mapping[str, str] = field(default_factory=dict)  # exported to the jobs only
-    bin_dir: str | None = None             # where sbatch & co live (default: PATH)
+    bin_dir: str | None = None             # where the scheduler's commands live (default: PATH)
     command_timeout: float = 30.0          # per scheduler command (s)
     cancel_timeout: float = 30.0           # how long a cancel waits for the job to be gone (s)
     cancel_on_exit: bool = False           # cancel the jobs when the SeD stops (default: keep them)
@@ -63,7 +68,7 @@ class BatchConfig:
 
     def backend_options(self) -> dict:
         return {"env": dict(self.env), "bin_dir": self.bin_dir,
-                "command_timeout": self.command_timeout}
+                "command_timeout": self.command_timeout, **self.scheduler_options}
 
 
 _POSITIVE_INT = ("nodes", "ntasks", "cpus_per_task", "max_jobs")
@@ -71,13 +76,33 @@ _DURATIONS = ("time_limit", "max_time_limit")
 _POSITIVE_FLOAT = ("poll_interval", "estimate_interval", "command_timeout", "cancel_timeout",
                    "restart_grace", "result_retention", "lost_after")
 _ALIASES = {"time": "time_limit", "walltime": "time_limit", "batch_env": "env",
-            "extra_options": "sbatch_options", "python": "remote_python"}
+            "extra_options": "submit_options", "sbatch_options": "submit_options",
+            "python": "remote_python"}
+
+
+def clock_duration(text: str) -> float:
+    """Seconds from clock text: ``H:M:S``, ``M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``; ValueError on anything else."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = [int(p) for p in rest.split(":")]
+    if "-" in text:
+        if not 1 <= len(parts) <= 3:
+            raise ValueError(f"bad duration {text!r}")
+        parts += [0] * (3 - len(parts))
+    elif len(parts) == 2:
+        parts = [0, *parts]
+    elif len(parts) != 3:
+        raise ValueError(f"bad duration {text!r}")
+    h, m, s = parts
+    if min(h, m, s, int(days)) < 0:
+        raise ValueError(f"bad duration {text!r}")
+    return float(((int(days) * 24 + h) * 60 + m) * 60 + s)
 
 
 def parse_duration(value: Any, what: str = "duration") -> float | None:
-    """Seconds from a number, a numeric string, or Slurm's ``[D-]H:M[:S]`` /
-    ``M:S`` text (a string holding ``:`` or ``-``); ``None``/``"unlimited"`` -> None.
-    A bare number is *seconds* (not Slurm's minutes)."""
+    """Seconds from a number, a numeric string, or clock text ``[D-]H:M[:S]``
+    / ``M:S`` (a string holding ``:`` or ``-``); ``None``/``"unlimited"`` -> None.
+    A bare number is *seconds*."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -89,13 +114,10 @@ def parse_duration(value: Any, what: str = "duration") -> float | None:
         if text.lower() in ("", "none", "unlimited", "infinite"):
             return None
         if ":" in text or "-" in text:
-            from .slurm import parse_time_limit
             try:
-                seconds = parse_time_limit(text)
+                seconds = clock_duration(text)
             except ValueError:
                 raise ConfigError(f"{what}: cannot read {text!r} as [D-]HH:MM:SS") from None
-            if seconds is None:
-                return None
         else:
             try:
                 seconds = float(text)
@@ -139,6 +161,8 @@ def parse_batch_config(data: Mapping[str, Any], *, what: str = "batch SeD",
             raise ConfigError(f"{what}: unknown batch setting {key!r}; known: {', '.join(sorted(known))}")
         if value is None and name not in _DURATIONS + ("partition", "account", "bin_dir"):
             continue
+        if name in out:
+            raise ConfigError(f"{what}: {key!r} repeats another key's setting ({name})")
         out[name] = value
     for k in _POSITIVE_INT:
         if k in out and out[k] is not None:
@@ -160,14 +184,14 @@ def parse_batch_config(data: Mapping[str, Any], *, what: str = "batch SeD",
             if v is None:
                 raise ConfigError(f"{what}: {k} must be a number of seconds")
             out[k] = v
-    if "sbatch_options" in out:
-        v = out["sbatch_options"]
+    if "submit_options" in out:
+        v = out["submit_options"]
         opts = [v] if isinstance(v, str) else list(v)
         for o in opts:
             if not isinstance(o, str) or "\n" in o or not o.strip():
-                raise ConfigError(f"{what}: sbatch_options must be option strings, got {o!r}")
-        out["sbatch_options"] = tuple(o.strip() for o in opts)
-    for k in ("env", "job_env"):
+                raise ConfigError(f"{what}: submit_options must be option strings, got {o!r}")
+        out["submit_options"] = tuple(o.strip() for o in opts)
+    for k in ("env", "job_env", "scheduler_options"):
         if k in out:
             out[k] = _str_map(out[k], k, what)
     for k in ("scheduler", "shared_dir", "remote_python"):
@@ -178,16 +202,16 @@ def parse_batch_config(data: Mapping[str, Any], *, what: str = "batch SeD",
             out[k] = str(out[k])
     if "cancel_on_exit" in out and not isinstance(out["cancel_on_exit"], bool):
         raise ConfigError(f"{what}: cancel_on_exit must be true or false")
+    scheduler = out.get("scheduler", DEFAULT_SCHEDULER)
+    get_scheduler(scheduler, what=what)       # ConfigError listing the known ones
+    out["scheduler_options"] = check_scheduler_options(scheduler, out.get("scheduler_options"), what=what)
     c = BatchConfig(**out)
-    from . import BACKENDS
-    if c.scheduler not in BACKENDS:
-        raise ConfigError(f"{what}: unknown scheduler {c.scheduler!r}; known: {', '.join(sorted(BACKENDS))}")
     if c.time_limit is not None and c.max_time_limit is not None and c.time_limit > c.max_time_limit:
         raise ConfigError(f"{what}: time_limit ({c.time_limit:g}s) exceeds max_time_limit "
                           f"({c.max_time_limit:g}s)")
     if any(ch.isspace() for ch in c.state_root):
         raise ConfigError(f"{what}: shared_dir {c.state_root!r} must not contain white space "
-                          "(it goes into #SBATCH lines)")
+                          "(it goes into the job scripts' directives)")
     return c
 
 
@@ -230,14 +254,15 @@ BATCH_KEYS = frozenset({f.name for f in fields(BatchConfig)} | set(_ALIASES))
 def batch_settings(entry: Mapping[str, Any]) -> dict:
     """The batch keys of a deployment file's SeD entry (``kind: batch``).
     ``options:`` may hold more of them as a mapping, or a list of raw
-    scheduler options (= ``sbatch_options``)."""
+    options of the submit command (= ``submit_options``)."""
     data = {k: v for k, v in entry.items() if k in BATCH_KEYS}
     extra = entry.get("options")
     if isinstance(extra, Mapping):
         data.update(extra)
     elif isinstance(extra, (list, tuple, str)):
         opts = [extra] if isinstance(extra, str) else list(extra)
-        data["sbatch_options"] = list(data.get("sbatch_options") or []) + opts
+        old = data.pop("sbatch_options", None) or data.pop("extra_options", None)
+        data["submit_options"] = list(data.get("submit_options") or old or []) + opts
     elif extra is not None:
         raise ConfigError("options: must be a mapping of batch settings or a list of scheduler options")
     return data
@@ -251,9 +276,9 @@ def config_to_cli(c: BatchConfig) -> list[str]:
         v = getattr(c, name)
         if name == "scheduler" or v == getattr(default, name):
             continue
-        if name == "sbatch_options":
-            args += [f"--sbatch-option={o}" for o in v]
-        elif name in ("env", "job_env"):
+        if name == "submit_options":
+            args += [f"--submit-option={o}" for o in v]
+        elif name in ("env", "job_env", "scheduler_options"):
             for k, val in v.items():
                 args += [flag, f"{k}={val}"]
         elif name == "cancel_on_exit":
@@ -269,7 +294,8 @@ def config_to_cli(c: BatchConfig) -> list[str]:
 _CLI_FLAGS = {
     "scheduler": "--batch", "partition": "--partition", "account": "--account",
     "time_limit": "--time-limit", "max_time_limit": "--max-time-limit", "nodes": "--nodes",
-    "ntasks": "--ntasks", "cpus_per_task": "--cpus-per-task", "sbatch_options": "--sbatch-option",
+    "ntasks": "--ntasks", "cpus_per_task": "--cpus-per-task", "submit_options": "--submit-option",
+    "scheduler_options": "--scheduler-option",
     "shared_dir": "--shared-dir", "remote_python": "--remote-python", "poll_interval": "--poll-interval",
     "estimate_interval": "--estimate-interval", "max_jobs": "--max-jobs", "env": "--batch-env",
     "job_env": "--job-env", "bin_dir": "--batch-bin-dir", "command_timeout": "--command-timeout",

@@ -11,12 +11,12 @@ Two parts:
   estimate), then to a fixed guess. The source of the value is reported
   (``tcomp_source``) so a client can tell a learnt value from a guess.
 - :func:`batch_tags` builds the batch part of the estimation vector from a
-  snapshot of the cluster (``sinfo``, the pending queue, ``sbatch
-  --test-only`` for the default job shape) and what this SeD knows of its own
-  jobs.
+  snapshot of the cluster (its resources, the pending queue, the scheduler's
+  start estimate for the default job shape) and what this SeD knows of its
+  own jobs.
 
 ``est_wait`` is the scheduler's own start estimate when it has one
-(``est_wait_source: scheduler``). Slurm computes it from the *time limits* of
+(``est_wait_source: scheduler``). Slurm, for one, computes it from the *time limits* of
 running and higher-priority jobs, so it is an upper bound when jobs end
 early, and ``None`` behind jobs without a limit; then a coarse queue model
 is used (``model``). Jobs this SeD submitted since the snapshot are counted

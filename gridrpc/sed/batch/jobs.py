@@ -1,5 +1,5 @@
 """The batch back-end: each call of a batch SeD becomes one job of a batch
-scheduler (Slurm). See ``docs/batch.md``.
+scheduler (Slurm, Grid Engine, OAR: :mod:`.registry`). See ``docs/batch.md``.
 
 1. the call is accepted and queued like on any SeD (the queue only holds
    calls beyond ``max_jobs``); when it starts, its arguments are written to a
@@ -7,7 +7,7 @@ scheduler (Slurm). See ``docs/batch.md``.
    JSON + raw buffers, :mod:`.jobfiles`; files sent with the call too), and a
    job script running ``<remote_python> -m gridrpc.sed.batch.run_job <dir>``
    is submitted through the scheduler interface (:class:`~.base.BatchBackend`)
-   in a thread (``sbatch`` blocks);
+   in a thread (the submit command blocks);
 2. one background task polls *all* jobs with one ``states()`` per
    ``poll_interval``; when a job is final its result (or the service's
    exception) is read back from the directory (:mod:`.replies`), and a job
@@ -136,7 +136,7 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
         self._closing = True
         wait = self.config.command_timeout + 5
         submits = [j.submit_task for j in self._jobs.values() if j.submit_task and not j.submit_task.done()]
-        if submits:    # let sbatch answer, so the job ids are recorded for a restart
+        if submits:    # let the submission answer, so the job ids are recorded for a restart
             await asyncio.wait(submits, timeout=wait)
         if self.config.cancel_on_exit:
             for cid, call in list(self.sed.calls.items()):
@@ -242,13 +242,10 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
             partition=c.partition, account=c.account, time_limit=job.walltime,
             nodes=o.get("nodes", c.nodes), ntasks=o.get("ntasks", c.ntasks),
             cpus_per_task=o.get("cpus_per_task", c.cpus_per_task),
-            output=os.path.join(job.dir, "job.out"), extra_options=c.sbatch_options,
+            output=os.path.join(job.dir, "job.out"), extra_options=c.submit_options,
             env={**c.job_env, "GRIDRPC_CALL_ID": call.id, "GRIDRPC_CALL_DIR": job.dir})
         command = [c.remote_python, "-m", "gridrpc.sed.batch.run_job", job.dir]
-        render = getattr(self.scheduler, "render_script", None)
-        if render is None:
-            from .slurm import render_job_script as render
-        return dataclasses.replace(spec, script=render(spec, command))
+        return dataclasses.replace(spec, script=self.scheduler.render_script(spec, command))
 
     async def _submit(self, call, job: _Job) -> Outcome | None:
         """Write the call's files and submit its job; an Outcome if that failed."""
@@ -266,7 +263,7 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
             return self._failure("BatchSubmitError", f"cannot prepare the job of call {call.id}: {exc}")
         job.state = "submitting"
         job.submitted = time.time()
-        await self._save(job)                   # on disk before sbatch may run (restarts)
+        await self._save(job)                   # on disk before the submission may run (restarts)
         self._io_call(jobfiles.write_script, job.dir, spec.script)     # for people reading the directory
         snap = self._snapshot
         check = bool(call.options) or (snap is not None and snap.impossible is not None)
@@ -291,8 +288,8 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
 
     def _checked_submit(self, spec: JobSpec, check: bool) -> str:
         """(thread) Submit; a shape other than the default one is first tried
-        with ``estimate_start`` (``sbatch --test-only``): Slurm accepts jobs
-        no node can ever hold, and they would pend forever."""
+        with ``estimate_start`` (a test submission): some schedulers accept
+        jobs no node can ever hold, and they would pend forever."""
         if check:
             try:
                 self.scheduler.estimate_start(spec)

@@ -43,7 +43,7 @@ def run(d: str) -> int:
     t0 = time.time()
     try:
         write_json(os.path.join(d, "started.json"), {
-            "job_id": os.environ.get("GRIDRPC_JOB_ID") or os.environ.get("SLURM_JOB_ID"),
+            "job_id": os.environ.get("GRIDRPC_JOB_ID"),      # exported by every scheduler's job script
             "host": host, "pid": os.getpid(), "started": t0, "job_started": _job_started(t0),
             "python": sys.executable})
         meta, args, kwargs = read_call(d)

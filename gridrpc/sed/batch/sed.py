@@ -1,4 +1,5 @@
-"""The batch SeD: a SeD whose calls run as jobs of a batch scheduler (Slurm).
+"""The batch SeD: a SeD whose calls run as jobs of a batch scheduler (Slurm,
+Grid Engine, OAR, or one registered by a site).
 
 To the tree it is one SeD (``server_type: batch``) offering services; it runs
 none itself: its execution back-end is :class:`~gridrpc.sed.batch.jobs.BatchJobs`
@@ -8,7 +9,9 @@ the plain SeD runtime's. The modules of this package:
 
 - :mod:`.config` the settings (:class:`BatchConfig`), from the command line
   or a deployment file's ``kind: batch`` entry, and per-call ``_batch`` requests;
-- :mod:`.base` the scheduler interface (:class:`BatchBackend`), :mod:`.slurm` Slurm;
+- :mod:`.base` the scheduler interface (:class:`BatchBackend`), :mod:`.registry`
+  the schedulers by name, :mod:`.command` what command-line backends share,
+  :mod:`.slurm`, :mod:`.sge`, :mod:`.oar` the schedulers (parsers in ``*_parsers.py``);
 - :mod:`.jobs` the execution back-end: submission, polling, cancel;
 - :mod:`.state` its state directory (restarts, kept answers), :mod:`.replies`
   how a job's end becomes the call's answer, :mod:`.cluster` the cluster
@@ -64,7 +67,7 @@ class BatchSeD(SeD):
 
     @property
     def backend(self) -> BatchBackend:
-        """The batch scheduler (Slurm...)."""
+        """The batch scheduler's backend (Slurm, Grid Engine, OAR...)."""
         return self.execution.scheduler
 
     @property

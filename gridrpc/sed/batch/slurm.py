@@ -26,13 +26,12 @@ Commands used (``ids`` comma-separated):
 from __future__ import annotations
 
 import logging
-import os
-import shlex
-import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
-from .base import BatchError, BatchSubmitError, BatchTimeout, ClusterInfo, JobInfo, JobSpec, JobState
+from .base import BatchError, BatchSubmitError, ClusterInfo, JobInfo, JobSpec, JobState
+from .command import CommandBackend
+from .registry import Scheduler, register_scheduler
 from .slurm_parsers import (  # noqa: F401 - re-exported: the parsers' historical home
     _KV_SPLIT, _NO_ESTIMATE_AFTER, _RANGE_RE, _STATE_MAP, _TEST_ONLY_RE, _UNSET, SACCT_FIELDS,
     SINFO_FORMAT, SQUEUE_FIELDS, SQUEUE_FORMAT, SinfoRow, _int_or_none, _job_info, _none_if_unset,
@@ -53,7 +52,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class SlurmBackend:
+class SlurmBackend(CommandBackend):
     """:class:`~gridrpc.sed.batch.base.BatchBackend` for Slurm.
 
     :param env: variables added to the environment of every Slurm command
@@ -70,38 +69,6 @@ class SlurmBackend:
     """
 
     name = "slurm"
-
-    def __init__(self, env: Mapping[str, str] | None = None, *, bin_dir: str | None = None,
-                 command_timeout: float = 30.0, poll_interval: float = 0.5):
-        self.extra_env = dict(env or {})
-        self.bin_dir = bin_dir
-        self.command_timeout = command_timeout
-        self.poll_interval = poll_interval
-
-    # -- plumbing ----------------------------------------------------------
-    def _cmd(self, name: str) -> str:
-        return os.path.join(self.bin_dir, name) if self.bin_dir else name
-
-    def _run(self, args: Sequence[str], *, input: str | None = None,
-             job_env: Mapping[str, str] | None = None, check: bool = True,
-             timeout: float | None = None) -> subprocess.CompletedProcess:
-        cmd = [self._cmd(args[0]), *args[1:]]
-        env = {**os.environ, **self.extra_env, **(job_env or {})}
-        timeout = self.command_timeout if timeout is None else timeout
-        log.debug("running %s", shlex.join(cmd))
-        try:
-            r = subprocess.run(cmd, input=input, env=env, capture_output=True, text=True,
-                               timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            raise BatchTimeout(f"{args[0]} did not answer within {timeout:g}s", cmd=cmd,
-                               stderr=(exc.stderr or b"").decode(errors="replace")
-                               if isinstance(exc.stderr, bytes) else (exc.stderr or "")) from exc
-        except OSError as exc:
-            raise BatchError(f"cannot run {args[0]}: {exc}", cmd=cmd) from exc
-        if check and r.returncode != 0:
-            raise BatchError(f"{args[0]} failed", cmd=cmd, returncode=r.returncode,
-                             stderr=r.stderr)
-        return r
 
     # -- BatchBackend ------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
@@ -169,18 +136,7 @@ class SlurmBackend:
         if r.returncode != 0 and "Invalid job id" not in r.stderr:
             raise BatchError("scancel failed", cmd=["scancel", job_id],
                              returncode=r.returncode, stderr=r.stderr)
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while True:
-            info = self.states([job_id])[job_id]
-            if info.state.is_final or info.state is JobState.UNKNOWN:
-                log.info("Slurm job %s cancelled: %s", job_id, info.raw_state or info.state.value)
-                return info
-            if time.monotonic() >= deadline:
-                raise BatchTimeout(f"job {job_id} still {info.raw_state} {timeout:g}s after scancel",
-                                   cmd=["scancel", job_id])
-            time.sleep(delay)
-            delay = min(delay * 2, self.poll_interval)
+        return self._wait_gone(job_id, timeout, ["scancel", job_id])
 
     def render_script(self, spec: JobSpec, command: Sequence[str]) -> str:
         """The job script running *command* for *spec* (:func:`render_job_script`)."""
@@ -214,3 +170,7 @@ class SlurmBackend:
         if partition:
             args += ["-p", partition]
         return len(self._run(args).stdout.split())
+
+
+register_scheduler(Scheduler(name="slurm", backend=SlurmBackend,
+                             summary="Slurm (sbatch, squeue, scontrol, sacct, scancel, sinfo)"))

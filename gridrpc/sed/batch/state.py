@@ -194,7 +194,7 @@ class StateDirMixin:
                 self._undelivered[cid] = job
                 sed.lifecycle.hold(cid)
                 continue
-            if job.job_id is None and started.get("job_id"):    # stopped while sbatch ran: it did
+            if job.job_id is None and started.get("job_id"):    # stopped while the submission ran: it did
                 job.job_id, job.state = str(started["job_id"]), "submitted"
             if job.cancel_requested:
                 self._cancelling[cid] = job

@@ -220,3 +220,25 @@ class BatchBackend(Protocol):
         ``GRIDRPC_NB_NODES``, ``GRIDRPC_NB_TASKS``, ``GRIDRPC_CPUS_PER_TASK``
         exported; it exits with the command's status."""
         ...
+
+
+def meta_variables(job_id: str, nodelist: Sequence[str], nodefile: str, nb_nodes: str, nb_tasks: str,
+                   cpus_per_task: str) -> list[str]:
+    """The lines of a job script that export the batch meta variables a
+    service sees (``GRIDRPC_JOB_STARTED``, ``GRIDRPC_JOB_ID``,
+    ``GRIDRPC_NODELIST``, ``GRIDRPC_NODEFILE``, ``GRIDRPC_NB_NODES``,
+    ``GRIDRPC_NB_TASKS``, ``GRIDRPC_CPUS_PER_TASK``), whatever the scheduler:
+    ``job_id`` and the counts are shell expressions of the scheduler's own
+    variables, ``nodelist`` the lines that set ``GRIDRPC_NODELIST`` (hosts,
+    space-separated), ``nodefile`` where the host file is written (removed
+    when the job ends)."""
+    return ['export GRIDRPC_JOB_STARTED="$(date +%s.%N 2>/dev/null)"',
+            f'export GRIDRPC_JOB_ID="{job_id}"',
+            *nodelist,
+            "export GRIDRPC_NODELIST",
+            f"export GRIDRPC_NODEFILE={nodefile}",
+            'echo "$GRIDRPC_NODELIST" | tr \' \' \'\\n\' > "$GRIDRPC_NODEFILE"',
+            "trap 'rm -f \"$GRIDRPC_NODEFILE\"' EXIT",
+            f'export GRIDRPC_NB_NODES="{nb_nodes}"',
+            f'export GRIDRPC_NB_TASKS="{nb_tasks}"',
+            f'export GRIDRPC_CPUS_PER_TASK="{cpus_per_task}"']

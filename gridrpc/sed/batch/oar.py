@@ -34,7 +34,7 @@ import shlex
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
-from .base import BatchError, BatchSubmitError, ClusterInfo, JobInfo, JobSpec, JobState
+from .base import BatchError, BatchSubmitError, ClusterInfo, JobInfo, JobSpec, JobState, meta_variables
 from .command import CommandBackend
 from .oar_parsers import (format_walltime, oar_job_info, parse_oarnodes, parse_oarstat, parse_oarsub,
                           parse_queues, summarize_resources)
@@ -105,17 +105,10 @@ def render_job_script(spec: JobSpec, command: Sequence[str], *, env: Mapping[str
     lines += [f"export {k}={shlex.quote(v)}" for k, v in {**(env or {}), **spec.env}.items()
               if k.isidentifier()]
     lines += [
-        'export GRIDRPC_JOB_STARTED="$(date +%s.%N 2>/dev/null)"',
-        'export GRIDRPC_JOB_ID="$OAR_JOB_ID"',
-        'GRIDRPC_NODELIST="$(awk \'!seen[$1]++ {print $1}\' "$OAR_NODEFILE" | tr \'\\n\' \' \' | sed \'s/ *$//\')"',
-        '[ -n "$GRIDRPC_NODELIST" ] || GRIDRPC_NODELIST="$(hostname)"',
-        "export GRIDRPC_NODELIST",
-        f'export GRIDRPC_NODEFILE={nodefile}',
-        'echo "$GRIDRPC_NODELIST" | tr \' \' \'\\n\' > "$GRIDRPC_NODEFILE"',
-        "trap 'rm -f \"$GRIDRPC_NODEFILE\"' EXIT",
-        'export GRIDRPC_NB_NODES="$(wc -w <<< "$GRIDRPC_NODELIST")"',
-        f'export GRIDRPC_NB_TASKS="{tasks}"',
-        f'export GRIDRPC_CPUS_PER_TASK="{cpt}"',
+        *meta_variables("$OAR_JOB_ID", [
+            'GRIDRPC_NODELIST="$(awk \'!seen[$1]++ {print $1}\' "$OAR_NODEFILE" | tr \'\\n\' \' \' | sed \'s/ *$//\')"',
+            '[ -n "$GRIDRPC_NODELIST" ] || GRIDRPC_NODELIST="$(hostname)"'],
+            nodefile, '$(wc -w <<< "$GRIDRPC_NODELIST")', tasks, str(cpt)),
         shlex.join(list(command)),
         "",
     ]

@@ -30,7 +30,7 @@ def by_kind(cpu: dict) -> dict[str, float]:
     return out
 
 
-#: the tolerance of issue #16
+#: how far the simulation may be from the measurement to count as validated (15 %)
 TOLERANCE = 0.15
 
 

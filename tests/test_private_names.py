@@ -36,7 +36,6 @@ KNOWN = {
     "gridrpc/sed/cloud/provider.py: _SECRET_KEY",
     *(f"gridrpc/sed/cloud/provider.py: {n}" for n in ("_AUTH_CODES", "_NOT_FOUND_CODES", "_APIError", "_ec2_classes",
                                                         "_first", "_parse_endpoint")),
-    "gridrpc/sed/data.py: _nbytes", "gridrpc/sed/data.py: _not_yours", "gridrpc/sed/data.py: _user",
     "gridrpc/sed/server.py: _Call", "gridrpc/sed/workers.py: _worker_main",
 }
 

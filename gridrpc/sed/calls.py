@@ -76,7 +76,7 @@ class CallsMixin(RunsMixin):
         cid = h["id"]
         uid = msg.user                  # one look at the frame's User-Id: who and user come from it
         who = uid or msg.peer           # as _who(msg)
-        user = _user_of(uid, h)         # as _user(msg)
+        user = _user_of(uid, h)         # as message_user(msg)
         if not self.lifecycle.owned_by(cid, who):
             return self._reject(route, cid, "refused", f"call id {cid} belongs to another client of "
                                 f"SeD {self.name} (a call is answered, cancelled or pinged only by its owner)")
@@ -290,7 +290,7 @@ def _who(msg: Incoming) -> object:
     return msg.user or msg.peer
 
 
-def _user(msg: Incoming) -> str:
+def message_user(msg: Incoming) -> str:
     """The user a call is accounted to (fair queue, limits, events): the
     key's user under security, never the header's; an element key (a cloud
     SeD relaying a call) speaks for the user it names. Without security the
@@ -299,7 +299,7 @@ def _user(msg: Incoming) -> str:
 
 
 def _user_of(uid: str | None, header: dict) -> str:
-    """:func:`_user` from the message's authenticated identity and header."""
+    """:func:`message_user` from the message's authenticated identity and header."""
     if uid is not None and uid.startswith("user:"):
         return uid[5:]
     return str(header.get("user") or "anonymous")

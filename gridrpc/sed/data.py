@@ -41,8 +41,8 @@ from ..core.tally import tally
 from ..errors import DataAccessDenied, DataError, DataLost, ProtocolError
 from ..transport.channel import Channel
 from ..transport.endpoint import Incoming
-from .data_bytes import HeldBytes, _nbytes, value_nbytes
-from .data_calls import CallData, _not_yours
+from .data_bytes import HeldBytes, nbytes, value_nbytes
+from .data_calls import CallData, not_yours
 from .data_fetch import Fetching
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,8 +82,8 @@ def requester(msg: Incoming) -> str:
     ownership check is :meth:`DataStore.check`). Without CURVE: the user
     name the request gives. With CURVE the authenticated identity wins
     (a SeD fetching for a call passes its caller's name in ``user``)."""
-    from .calls import _user
-    return _user(msg)      # the key's user; an element key (a SeD fetching for a call) speaks for its caller
+    from .calls import message_user
+    return message_user(msg)      # the key's user; an element key (a SeD fetching for a call) speaks for its caller
 
 
 class SedData(HeldBytes, Fetching, CallData):
@@ -194,7 +194,7 @@ class SedData(HeldBytes, Fetching, CallData):
                     "data_lost" if isinstance(exc, DataLost) else "data")
             self.sed.endpoint.reply(msg, m.error_header(msg.id, kind, str(exc), type_=type(exc).__name__))
             return
-        size = sum(_nbytes(b) for b in buffers)
+        size = sum(nbytes(b) for b in buffers)
         self.stats["served"] += 1
         self.stats["served_bytes"] += size
         self.sed.endpoint.reply(msg, m.make(MsgType.DATA, msg.id, ref=ref, holder=self._holder_name(h), size=size,
@@ -205,7 +205,7 @@ class SedData(HeldBytes, Fetching, CallData):
     async def _call_result(self, cid: str, user: str, wait: float) -> tuple[Any, list, str]:
         owner = self.call_user(cid)
         if owner is not None and owner != user:
-            raise _not_yours(cid, user)
+            raise not_yours(cid, user)
         live = cid in self.sed.calls or cid in self.resolving
         if live or (owner is None and wait > 0):
             early = not live        # the call may arrive after its consumer's request: wait a little, bounded
@@ -232,7 +232,7 @@ class SedData(HeldBytes, Fetching, CallData):
                         del self.call_waiters[cid]
             owner = self.call_user(cid)
             if owner is not None and owner != user:
-                raise _not_yours(cid, user)
+                raise not_yours(cid, user)
         frames = self.sed.lifecycle.cache.answer(cid)
         if frames is None:
             raise DataLost(f"the result of call {cid} is no longer kept on SeD {self.sed.name} (or the call is "

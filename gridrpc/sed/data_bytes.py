@@ -25,7 +25,7 @@ __all__ = ["HeldBytes"]
 log = logging.getLogger("gridrpc.sed.data")      # the data runtime's one logger
 
 
-def _nbytes(b) -> int:
+def nbytes(b) -> int:
     return b.nbytes if isinstance(b, memoryview) else len(memoryview(b).cast("B")) if not isinstance(
         b, (bytes, bytearray)) else len(b)
 
@@ -33,7 +33,7 @@ def _nbytes(b) -> int:
 def value_nbytes(tree: Any, buffers: list) -> int:
     """What a value held here costs: its binary buffers and its JSON part
     (a string or a list is as large as it is, not 0)."""
-    n = sum(_nbytes(b) for b in buffers)
+    n = sum(nbytes(b) for b in buffers)
     if tree is not None:
         n += len(orjson.dumps(tree))
     return n
@@ -56,7 +56,7 @@ class HeldBytes:
                 with open(path, "wb") as fh:
                     for b in buffers:
                         fh.write(b)
-                self.files[a.ref] = (tree, [_nbytes(b) for b in buffers], path)
+                self.files[a.ref] = (tree, [nbytes(b) for b in buffers], path)
                 log.info("SeD %s: data %s spilled to disk", self.sed.name, a.ref)
             elif isinstance(a, (Evict, Freed)):
                 self.values.pop(a.ref, None)

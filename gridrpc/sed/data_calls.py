@@ -34,7 +34,7 @@ _RESULT = MsgType.RESULT.value
 __all__ = ["CallData"]
 
 
-def _not_yours(cid: str, user: str) -> DataAccessDenied:
+def not_yours(cid: str, user: str) -> DataAccessDenied:
     return DataAccessDenied(f"the result of call {cid} belongs to another user; {user!r} may not use it")
 
 
@@ -144,7 +144,7 @@ class CallData:
                 if fut.done():
                     continue
                 if user != call.user:
-                    fut.set_exception(_not_yours(call.id, user))
+                    fut.set_exception(not_yours(call.id, user))
                 elif is_result:
                     fut.set_result((header.get("value"), list(buffers)))
                 else:

@@ -254,7 +254,8 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             if f.machine.finished:
                 continue
             if type(event) is Discovered and reuse is not None and servers:
-                ranked = reuse.rerank(servers, now)
+                # an answer for data arguments (no key) is ranked by where the data is: its order stands
+                ranked = reuse.rerank(servers, now) if key is not None else list(servers)
                 if f is not flight and not reuse.fits(ranked, saturated, now):
                     again.append((f, own))      # the answer's servers are taken by the calls before
                     continue

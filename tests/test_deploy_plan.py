@@ -9,8 +9,9 @@ import sys
 import pytest
 import yaml
 
-from gridrpc.deploy.plan import Figures, best_shape, calibrate, plan, shape_for
-from gridrpc.deploy.plan import _lstsq as REAL_LSTSQ
+from gridrpc.deploy.calibrate import _lstsq as REAL_LSTSQ
+from gridrpc.deploy.calibrate import calibrate
+from gridrpc.deploy.plan import Figures, best_shape, plan, shape_for
 from gridrpc.deploy.runner import Deployment
 from gridrpc.deploy.spec import load, parse
 from gridrpc.errors import ConfigError
@@ -138,7 +139,7 @@ TRUTH = {"c0": 150e-6, "per_child": 80e-6, "per_hop": 40e-6, "base": 0.5e-3}
 
 
 def synthetic_measure(truth: dict, noise: float = 0.0, seed: int = 1, calls: list | None = None):
-    """A stand-in for plan.measure: the CPU per discovery of one tree (one
+    """A stand-in for calibrate.measure: the CPU per discovery of one tree (one
     loop runs every agent and SeD) and its latency, from ``truth``:
 
     * flat, n SeDs under the MA:  c0 + per_child * n
@@ -195,7 +196,7 @@ def assert_fit_matches_samples(figs: dict) -> None:
 
 
 def _calibrate(monkeypatch, measure, **kw):
-    import gridrpc.deploy.plan as plan_mod
+    import gridrpc.deploy.calibrate as plan_mod
     monkeypatch.setattr(plan_mod, "measure", measure)
     return calibrate(progress=lambda _: None, **{"seds": (8, 16, 32), "las": (2, 4), "rounds": 5, **kw})
 
@@ -250,7 +251,7 @@ def test_a_wrong_fit_fails_these_checks(monkeypatch, bad_fit, gross):
     monkeypatched), including one the clamps hide from a "> 0" check. A
     two-point line is right on exact data and close on noisy data: only the
     comparison with the samples' own fit tells it from least squares."""
-    import gridrpc.deploy.plan as plan_mod
+    import gridrpc.deploy.calibrate as plan_mod
     monkeypatch.setattr(plan_mod, "_lstsq", bad_fit)
     noisy = _calibrate(monkeypatch, synthetic_measure(TRUTH, noise=0.01, seed=7))
     assert noisy["per_child"] > 0 and noisy["per_hop"] >= 0     # what the old test checked: still passes

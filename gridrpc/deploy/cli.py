@@ -190,7 +190,7 @@ def run(a: argparse.Namespace) -> int:
         from .plan import cmd_plan
         return cmd_plan(a)
     if a.deploy_cmd == "calibrate":
-        from .plan import cmd_calibrate
+        from .calibrate import cmd_calibrate
         return cmd_calibrate(a)
     d = None
     try:

@@ -242,26 +242,17 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         else:
             event = Discovered(servers)
         reuse = self._reuse
-        saturated = False
         now = self.loop.time()
-        if type(event) is Discovered and reuse is not None and servers:
-            saturated = reuse.saturated(servers, now)
-            if key is not None and from_view:
-                reuse.keep(key, servers, now, saturated)
-        joined = self._joining.pop(key, []) if key is not None else []
+        calls = ([(flight, a)] if flight is not None else []) + (self._joining.pop(key, []) if key is not None else [])
         again: list = []
-        for f, own in ([(flight, a)] if flight is not None else []) + joined:
-            if f.machine.finished:
-                continue
-            if type(event) is Discovered and reuse is not None and servers:
-                # an answer for data arguments (no key) is ranked by where the data is: its order stands
-                ranked = reuse.rerank(servers, now) if key is not None else list(servers)
-                if f is not flight and not reuse.fits(ranked, saturated, now):
-                    again.append((f, own))      # the answer's servers are taken by the calls before
-                    continue
-                self._driver.feed(f, self._seat(f.context, ranked, k, now))
-            else:
-                self._driver.feed(f, event)
+        if type(event) is Discovered and reuse is not None and servers:
+            feed = self._driver.feed
+            again = reuse.settle(key, servers, from_view, now, calls, flight,
+                                 lambda f, ranked: feed(f, self._seat(f.context, ranked, k, now)))
+        else:
+            for f, _own in calls:
+                if not f.machine.finished:
+                    self._driver.feed(f, event)
         if again:
             # they ask the MA again (it knows other servers), as one discovery: the first asks,
             # the others join it (each asking alone was a DISCOVER per call after every answer

@@ -54,7 +54,7 @@ Pure: the caller gives ``now``.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import orjson
 
@@ -226,6 +226,30 @@ class ReusedAnswers:
             del self.kept[next(iter(self.kept))]
         self.kept[key] = (now, list(servers), self.saturated(servers, now) if saturated is None else saturated)
         self.asked += 1
+
+    def settle(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float,
+               calls: Sequence[tuple[Any, Any]], asker: Any, seat: Callable[[Any, list], None]) -> list:
+        """A discovery's answer ``servers`` for the calls waiting on it
+        (``calls``: ``(flight, its Discover)``, the one that asked, ``asker``,
+        first): kept when the MA gave it from its view (and it has a
+        ``key``); each call in turn gets it ranked for itself (``seat(flight,
+        ranked)`` counts it in flight at once, so the next call sees it);
+        an answer for data arguments (no ``key``) keeps its order, ranked
+        by where the data is. Returns the calls other than the asker whose
+        first server has no free slot left: they ask the MA again."""
+        saturated = self.saturated(servers, now)
+        if key is not None and from_view:
+            self.keep(key, servers, now, saturated)
+        again = []
+        for f, own in calls:
+            if f.machine.finished:
+                continue
+            ranked = self.rerank(servers, now) if key is not None else list(servers)
+            if f is not asker and not self.fits(ranked, saturated, now):
+                again.append((f, own))          # the answer's servers are taken by the calls before
+                continue
+            seat(f, ranked)
+        return again
 
     def answered(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float) -> list:
         """A fresh answer, for the call that asked: kept when the MA gave it

@@ -38,54 +38,37 @@ locust user reports these to locust; tests compare the two.
     h(1, 2)
     c.close()
 
-Cost: a socket's messages are handled in a callback of the hub, drained
-until ``EAGAIN`` per wake-up (no greenlet switch per message, no
-``zmq.green`` wrapper re-reading the socket's state after every frame);
+Its sockets and its driver of the call machine are :mod:`gridrpc.loadtest.green_io`;
 docs/loadtest.md gives the CPU per call.
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import gevent
 import gevent.event
-import zmq
 
 from ..client.call import ServerInfo
-from ..client.driver import CallDriver, Flight, exception_for
+from ..client.driver import Flight, exception_for
 from ..client.ids import new_id
 from ..client.options import ClientOptions, OptionViews
 from ..client.reuse import ReusedAnswers, answer_key, ask_for, server_failed
 from ..core import codec
 from ..core import messages as m
-from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall, Tick
+from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
 from ..core.messages import MsgType
 from ..errors import (CommunicationError, GridRPCError, MessageTooLarge, NoServerAvailable, ProtocolError,
                       ServiceNotFound, error_from_wire, kind_of)
 from ..files import read_file
-from ..transport.channel import DRAIN_BATCH, ZERO_COPY_THRESHOLD, configure_context, routing_id
+from .green_io import GreenDriver, GreenSocket
 
 log = logging.getLogger(__name__)
-_ctx: zmq.Context | None = None
-_TICK = Tick()
-_POLLIN = int(zmq.POLLIN)
-_EVENTS = zmq.EVENTS
-_NOBLOCK = zmq.NOBLOCK
 _CALL = MsgType.CALL
 _ERROR = MsgType.ERROR
 _SERVERS = MsgType.SERVERS
-
-
-def context() -> zmq.Context:
-    """The process's zmq context of the load-test clients (separate from the asyncio one)."""
-    global _ctx
-    if _ctx is None or _ctx.closed:
-        _ctx = configure_context(zmq.Context())
-    return _ctx
 
 
 def default_user() -> str:
@@ -103,90 +86,6 @@ class Record:
     server: str = ""
     error: str = ""           # exception type name when it failed
     discover_ms: float = 0.0  # part of ``ms`` spent asking the MA (kind call; 0: a kept answer served it)
-
-
-class _Socket:
-    """A DEALER that never blocks; what arrives is handed to ``on_message``
-    from a callback of the gevent hub (its I/O watcher), drained until
-    ``EAGAIN`` (at most ``DRAIN_BATCH`` messages per turn). zmq's descriptor
-    is edge-triggered and a send may consume the edge: after every send the
-    socket's ``EVENTS`` are read and a drain is scheduled when input waits."""
-
-    __slots__ = ("sock", "address", "name", "on_message", "closed", "_watcher", "_loop", "_scheduled")
-
-    def __init__(self, address: str, on_message, name: str) -> None:
-        s = context().socket(zmq.DEALER)
-        s.setsockopt(zmq.IDENTITY, routing_id())    # stable across reconnects (the SeD's owner check)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 100000)
-        s.setsockopt(zmq.RCVHWM, 0)
-        s.setsockopt(zmq.RECONNECT_IVL, 100)
-        s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
-        try:
-            s.connect(address)
-        except zmq.ZMQError as exc:
-            s.close()
-            raise CommunicationError(f"cannot connect to {address}: {exc}") from exc
-        self.sock, self.address, self.name = s, address, name
-        self.on_message = on_message
-        self.closed = False
-        self._scheduled = False
-        self._loop = gevent.get_hub().loop
-        self._watcher = self._loop.io(s.getsockopt(zmq.FD), 1)
-        self._watcher.start(self._drain)
-        self._check()
-
-    def send(self, frames: list) -> None:
-        if self.closed:
-            raise CommunicationError(f"{self.name}: socket closed")
-        try:
-            if len(frames) == 1:
-                self.sock.send(frames[0], _NOBLOCK)
-            else:
-                big = any(len(f) >= ZERO_COPY_THRESHOLD for f in frames)
-                self.sock.send_multipart(frames, flags=_NOBLOCK, copy=not big)
-        except zmq.Again as exc:
-            raise CommunicationError(f"{self.name}: peer not reachable (send would block)") from exc
-        except zmq.ZMQError as exc:
-            raise CommunicationError(f"{self.name}: send failed: {exc}") from exc
-        self._check()
-
-    def _check(self) -> None:
-        """Input waiting (the send may have taken the descriptor's edge): drain it soon."""
-        if not self._scheduled and self.sock.getsockopt(_EVENTS) & _POLLIN:
-            self._scheduled = True
-            self._loop.run_callback(self._drain)
-
-    def _drain(self) -> None:
-        self._scheduled = False
-        if self.closed:
-            return
-        recv, handle = self.sock.recv_multipart, self.on_message
-        for _ in range(DRAIN_BATCH):
-            try:
-                frames = recv(_NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return
-            try:
-                handle(frames)
-            except Exception:  # noqa: BLE001 - a bug here must not stop the socket
-                log.exception("%s: error while handling a message", self.name)
-            if self.closed:
-                return
-        self._scheduled = True                  # more waiting: another turn, after the others
-        self._loop.run_callback(self._drain)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._watcher.stop()
-        self._watcher.close()
-        self.sock.close(linger=0)
 
 
 class _GreenCall:
@@ -216,61 +115,6 @@ class _Ask:
         if t is not None:
             t.stop()
             t.close()
-
-
-class _GreenDriver(CallDriver):
-    """The call machine under gevent: the calling greenlet waits on an event,
-    set by the outcome or by a wakeup that moved earlier; the sockets'
-    callbacks feed the replies."""
-
-    def __init__(self, client: "GreenClient") -> None:
-        super().__init__(clock=time.monotonic, new_id=new_id, decode=_decode, name="green client",
-                         on_attempt=_on_attempt, on_discover=client._on_discover)
-        self.client = client
-
-    def send(self, address: str, frames: list) -> None:
-        self.client._sed(address).send(frames)
-
-    def _prepare(self, flight: Flight) -> None:
-        flight.waiter = gevent.event.Event()
-
-    def _arm(self, flight: Flight) -> None:
-        until = flight.waiting_until
-        if until is not None:
-            w = flight.machine.next_wakeup()
-            if w is not None and w < until:
-                flight.waiter.set()             # wake the caller: it waits for a later time
-
-    def _finish(self, flight: Flight, outcome) -> None:
-        flight.outcome = outcome
-        flight.waiter.set()
-
-    def wait(self, flight: Flight):
-        """Park the calling greenlet until the call ends; its outcome."""
-        waiter, machine, clock = flight.waiter, flight.machine, self.clock
-        try:
-            while flight.outcome is None:
-                w = machine.next_wakeup()
-                flight.waiting_until = math.inf if w is None else w
-                waiter.clear()
-                waiter.wait(None if w is None else max(0.0, w - clock()))
-                flight.waiting_until = None
-                if flight.outcome is None:
-                    self.feed(flight, _TICK)
-        except BaseException:                   # killed, gevent.Timeout...: CANCEL to the server
-            flight.waiting_until = None
-            self.abandon(flight)
-            raise
-        return flight.outcome
-
-
-def _decode(header: dict, frames: list) -> tuple[Any, int]:
-    size = 0
-    for f in frames:
-        size += len(f)
-    if len(frames) == 1:
-        return codec.decode(header.get("value"), ()), size
-    return codec.decode(header.get("value"), [f.buffer for f in frames[1:]]), size
 
 
 def _on_attempt(flight: Flight, a: SendCall) -> None:
@@ -309,9 +153,9 @@ class GreenClient(OptionViews):
         self.last: Record | None = None
         self._policy = self.options.policy()
         self._reuse = ReusedAnswers(self.options.reuse_discovery) if self.options.reuse_discovery else None
-        self._driver = _GreenDriver(self)
-        self._ma: _Socket | None = None
-        self._seds: dict[str, _Socket] = {}
+        self._driver = GreenDriver(self._sed, on_attempt=_on_attempt, on_discover=self._on_discover)
+        self._ma: GreenSocket | None = None
+        self._seds: dict[str, GreenSocket] = {}
         self._pending: dict[str, Any] = {}         # request id -> AsyncResult (a caller waits) or _Ask (calls)
         self._joining: dict[tuple, list] = {}      # reuse key -> [(flight, Discover)] waiting for the same ask
         self._addresses: dict[str, str] = {}
@@ -347,13 +191,13 @@ class GreenClient(OptionViews):
         self.close()
 
     # -- the MA -----------------------------------------------------------
-    def _ma_socket(self) -> _Socket:
+    def _ma_socket(self) -> GreenSocket:
         if self.closed:
             raise CommunicationError("client is closed")
         if not self.master_agent:
             raise ServiceNotFound("this client has no master agent: give servers by address")
         if self._ma is None:
-            self._ma = _Socket(self.master_agent, self._on_ma, "client->MA")
+            self._ma = GreenSocket(self.master_agent, self._on_ma, "client->MA")
         return self._ma
 
     def _on_ma(self, frames: list) -> None:
@@ -519,27 +363,17 @@ class GreenClient(OptionViews):
         ask again, as one discovery. As ``AsyncClient._discover_for``."""
         key, flight, k = ask.key, ask.flight, ask.k
         reuse = self._reuse
-        saturated = False
-        now = self._driver.clock()
-        ok = type(event) is Discovered and reuse is not None and servers
-        if ok:
-            saturated = reuse.saturated(servers, now)
-            if key is not None and from_view:
-                reuse.keep(key, servers, now, saturated)
-        joined = self._joining.pop(key, []) if key is not None else []
-        again: list = []
+        calls = [(flight, ask.discover)] + (self._joining.pop(key, []) if key is not None else [])
         feed = self._driver.feed
-        for f, own in [(flight, ask.discover)] + joined:
-            if f.machine.finished:
-                continue
-            if ok:
-                ranked = reuse.rerank(servers, now)
-                if f is not flight and not reuse.fits(ranked, saturated, now):
-                    again.append((f, own))      # the answer's servers are taken by the calls before
-                    continue
-                feed(f, self._seat(f.context, ranked, k, now))
-            else:
-                feed(f, event)
+        again: list = []
+        if type(event) is Discovered and reuse is not None and servers:
+            now = self._driver.clock()
+            again = reuse.settle(key, servers, from_view, now, calls, flight,
+                                 lambda f, ranked: feed(f, self._seat(f.context, ranked, k, now)))
+        else:
+            for f, _own in calls:
+                if not f.machine.finished:
+                    feed(f, event)
         if again:
             waiting = self._joining.get(key)
             if waiting is not None:
@@ -635,13 +469,13 @@ class GreenClient(OptionViews):
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "GreenHandle":
         return GreenHandle(self, service, server)
 
-    def _sed(self, address: str) -> _Socket:
+    def _sed(self, address: str) -> GreenSocket:
         s = self._seds.get(address)
         if s is None or s.closed:
             if self.closed:
                 raise CommunicationError("client is closed")
             on_message = self._driver.on_message
-            s = _Socket(address, lambda frames: on_message(address, frames), f"client->{address}")
+            s = GreenSocket(address, lambda frames: on_message(address, frames), f"client->{address}")
             self._seds[address] = s
         return s
 

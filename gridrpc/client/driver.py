@@ -263,8 +263,8 @@ class AsyncCallDriver(CallDriver):
 
     CALLs and CANCELs made in one loop iteration wait in a per-server outbox
     and leave together at its end: one message when there is one, else one
-    BATCH envelope of up to ``MAX_BATCH`` (a burst of 14,100 calls to two
-    SeD processes is a few dozen zmq messages, not 14,100). Order per server
+    BATCH envelope of up to ``MAX_BATCH`` (a burst of thousands of calls to
+    two SeD processes is a few hundred zmq messages, not one per call). Order per server
     is kept (a CANCEL never overtakes its CALL). A call whose batch cannot
     leave gets ``SendFailed`` then, as it would have at once. Arguments of
     64 KiB and more go alone, after what is queued for that server.

@@ -15,13 +15,12 @@ caller waits:
   runs without a task: launched from ``submit_nowait`` itself, its
   :class:`~gridrpc.client.call.Call` bound to a :class:`_DirectFuture` that
   the driver settles when the call ends (the flight's ``on_end``, no waiter
-  and no done callback; cancelling the future sends the CANCEL). A burst
-  of 14,100 submitted calls made 14,100 tasks, each stepped once to send
-  and once more to end, and a cancelled one raised its exception through
-  two frames the cyclic GC then had to walk; then two futures and two
-  callbacks per call were half of the objects the GC walked per call in
-  flight (docs/performance.md, "Bursts"). Both ways give the same results,
-  errors and cancellation.
+  and no done callback; cancelling the future sends the CANCEL). Why: a
+  task per call costs two loop steps (to send, to end) and, cancelled, an
+  exception the cyclic GC must walk, and every extra future or callback per
+  call in flight is more for the GC to walk in a burst of thousands of calls
+  (docs/performance.md, "Bursts"). Both ways give the same results, errors
+  and cancellation.
 """
 from __future__ import annotations
 
@@ -81,9 +80,9 @@ class _Countdown:
     It starts at 1, a hold its owner releases (``one_ended()``) once every
     call is counted, so a call that ends while the others are still being
     cancelled cannot set it early. A direct call's future tells it itself
-    (its ``countdown``), with no done callback each: 14,100 of them were a
-    callback, a list and a scheduled handle per call, a fifth of the
-    client's cancellation."""
+    (its ``countdown``), with no done callback each: a callback, a list and a
+    scheduled handle per call would be most of the cost of cancelling a
+    burst."""
 
     __slots__ = ("left", "fut")
 
@@ -206,7 +205,7 @@ class SubmitMixin:
         (its server confirmed, or ``ack_timeout`` passed; at most ``timeout``
         seconds in all). The CANCELs of one server leave as one batch, as they
         do for ``await call.acancel()`` one by one, but without a task and a
-        wait per call (14,100 of them took ~1.6 s of one core). Returns how
+        wait per call (the cost of cancelling a burst one by one). Returns how
         many were not finished yet (so were cancelled)."""
         calls = list(calls)
         for call in calls:

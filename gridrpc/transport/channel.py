@@ -3,7 +3,7 @@
 pyzmq's asyncio sockets pay a future per message. Here the raw socket's file
 descriptor is watched with ``loop.add_reader``; on each wake-up every queued
 message is drained (until ``EAGAIN``) and handed to a plain callback. This
-batching is what more than doubles throughput (see notes/performance.md).
+batching is what more than doubles throughput (docs/performance.md).
 
 zmq's FD is edge-triggered and a *send* may consume the edge, so after sends
 we schedule one more drain check. Sends never block: ``NOBLOCK`` and

@@ -140,6 +140,15 @@ def _chromium() -> str | None:
     return "chromium, chromium-browser or google-chrome not found on PATH"
 
 
+def _simgrid() -> str | None:
+    from gridrpc.sim.simgrid_loader import SimGridMissing, load_simgrid
+    try:
+        load_simgrid()
+    except SimGridMissing as exc:
+        return str(exc)
+    return None
+
+
 COMPONENTS: dict[str, Component] = {c.name: c for c in [
     Component("root", "root privileges", _root,
               "run the tests as root (sudo scripts/run-tests)"),
@@ -161,6 +170,8 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in [
               "python3 -m pip install -e '.[test]' (or: pip install 'apache-libcloud>=3.8')"),
     Component("chromium", "a headless Chromium", _chromium,
               f"`sudo {INSTALL} --chromium` (apt-get install chromium)"),
+    Component("simgrid", "SimGrid's Python module (Debian's python3-simgrid)", _simgrid,
+              f"`sudo {INSTALL}` (apt-get install python3-simgrid; its Python must be this one's version)"),
 ]}
 
 

@@ -1,6 +1,6 @@
 """CI runs exactly the README's test command, and that command installs the
 Debian packages of every real component the tests need (a fresh machine has
-no Slurm, munge, sshd, Grid Engine or OAR)."""
+no Slurm, munge, sshd, Grid Engine, OAR or SimGrid)."""
 from __future__ import annotations
 
 import re
@@ -17,6 +17,7 @@ PACKAGES = {
     "netns": {"iproute2", "util-linux", "mount"},
     "chromium": {"chromium"},
     "processes": {"procps"},
+    "simgrid": {"python3-simgrid"},
 }
 
 

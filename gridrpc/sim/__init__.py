@@ -7,7 +7,9 @@
 measurements), :mod:`~gridrpc.sim.model` (costs, service times),
 :mod:`~gridrpc.sim.calibrate` (fit the costs from stored measurements),
 :mod:`~gridrpc.sim.validate` (predicted vs measured), :mod:`~gridrpc.sim.cli`
-(``gridrpc sim``). See docs/simulation.md.
+(``gridrpc sim``); the same elements on SimGrid (``--engine simgrid``):
+:mod:`~gridrpc.sim.simgrid_engine`, :mod:`~gridrpc.sim.simgrid_sites` (several
+sites, federation, data), :mod:`~gridrpc.sim.simgrid_loader`. See docs/simulation.md.
 """
 from .model import Costs, ServiceModel
 from .world import World, closed_loop, discovery_series, elements_for, open_clients

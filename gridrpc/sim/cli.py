@@ -1,6 +1,7 @@
 """``gridrpc sim``: simulate trees on the real core (docs/simulation.md).
 
     gridrpc sim run --seds 500 --shape flat            # discovery latency + calls/s on this host's model
+    gridrpc sim run --seds 8 --engine simgrid --platform deployments/sim/two-sites.xml   # on SimGrid
     gridrpc sim calibrate -o costs.json                # fit costs to the stored measurements
     gridrpc sim validate --json v.json --plot v.png    # predicted vs measured, every stored tree
     gridrpc sim scale --seds 100000 --clients 10000    # shapes compared at scale (cluster placement)
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -20,13 +20,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="sim_cmd")
     r = s.add_parser("run", help="simulate one tree: sequential discoveries and a closed-loop load")
-    r.add_argument("--seds", type=int, required=True)
+    r.add_argument("--seds", type=int, required=True, help="SeDs (per site on a platform of several sites)")
     r.add_argument("--shape", default="flat", help="flat, L2-D, L3-D, or agents per level like 1,8,64")
     r.add_argument("--users", type=int, default=8)
     r.add_argument("--placement", choices=("single", "cluster"), default="single")
     r.add_argument("--cores", type=int, default=2)
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--costs")
+    from .simgrid_cli import add_engine_arguments
+    add_engine_arguments(r)
     c = s.add_parser("calibrate", help="fit the costs to benchmarks' stored JSON results")
     c.add_argument("--study", action="append",
                    help="the study's JSON (default benchmarks/scalability/results/latest.json); give it "
@@ -74,10 +76,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _shape(text: str):
-    return [int(x) for x in text.split(",")] if "," in text else text
-
-
 def run(a) -> int:
     if a.sim_cmd == "trace":
         from .trace_cli import cmd_trace
@@ -86,7 +84,6 @@ def run(a) -> int:
         from .trace_cli import cmd_generate
         return cmd_generate(a)
     from .model import Costs
-    from .world import World, closed_loop, discovery_series, elements_for
     if a.sim_cmd == "calibrate":
         from .calibrate import cmd_calibrate
         return cmd_calibrate(a)
@@ -96,21 +93,13 @@ def run(a) -> int:
     if a.sim_cmd == "scale":
         from .scale import cmd_scale
         return cmd_scale(a)
+    if a.sim_cmd == "run" and a.engine == "simgrid":
+        from .simgrid_cli import cmd_run_simgrid
+        return cmd_run_simgrid(a)
     if a.sim_cmd == "run":
-        costs = Costs.load(a.costs)
-        t = time.perf_counter()
-        kw = dict(costs=costs, seed=a.seed, placement=a.placement, cores=a.cores, sed_cores=a.cores)
-        els = elements_for(_shape(a.shape), a.seds)
-        w = World(**kw).build(els)
-        w.wait_registered()
-        d = discovery_series(w, rounds=200)
-        w = World(**kw).build(els)
-        w.wait_registered()
-        c = closed_loop(w, a.users, seconds=1.5)
-        out = {"seds": a.seds, "shape": a.shape, "discovery_median_ms": d["discovery_median_ms"],
-               "discovery_p99_ms": d["discovery_p99_ms"], "calls_per_s": c["throughput"],
-               "call_p99_ms": c["call_p99_ms"], "ma_busy": c["ma_busy"], "busiest": max(c["busy"], key=c["busy"].get),
-               "ma_inbound_per_s": c["ma_inbound_per_s"], "wall_s": time.perf_counter() - t}
+        from .simgrid_cli import measure_tree
+        out = measure_tree("builtin", a.shape, a.seds, users=a.users, seed=a.seed, costs=Costs.load(a.costs),
+                           rounds=a.rounds, seconds=a.seconds, placement=a.placement, cores=a.cores)
         print(json.dumps(out, indent=1))
         return 0
     print("usage: gridrpc sim {run,calibrate,validate,scale,trace,trace-generate} ...", file=sys.stderr)

@@ -129,6 +129,7 @@ ERROR_KINDS: dict[str, type[GridRPCError]] = {
     "busy": NoServerAvailable,
     "peer_unreachable": CommunicationError,   # federation: a peer site could not be asked (not retried)            # a CALL with start_now found no free slot (the client tries another)      # a restarted MA still rebuilding its tree (retried by clients)
     "timeout": Timeout,
+    "unavailable": NoServerAvailable,         # the server cannot run the call at all (never started)
 }
 
 

@@ -13,7 +13,8 @@ holding every CPU), ``expire(id)`` (bring a running job's time limit
 forward, where the scheduler allows it), ``cancel_all()``; and the words its
 errors use: ``refused_word`` (the submit command), ``timeout_words``,
 ``cancel_words``, ``bad_queue_words``, ``short_walltime`` (the shortest
-walltime a time-limit test can use).
+walltime a time-limit test can use); ``rerun_allowed(id)``: may the scheduler
+run the job again on its own (True, False, None: the queue's default).
 """
 from __future__ import annotations
 
@@ -83,6 +84,11 @@ class SlurmCluster(PrivateSlurm):
 
     def admin_cancel(self, job_id: str) -> None:
         self.run(["scancel", job_id])
+
+    def rerun_allowed(self, job_id: str) -> bool | None:
+        """Would Slurm requeue the job after a node failure or preemption
+        (``Requeue=`` of ``scontrol show job``: the job's flag or JobRequeue)?"""
+        return re.search(r"\bRequeue=(\d)", self._show(job_id)).group(1) == "1"
 
     def expire(self, job_id: str) -> None:
         """slurmctld's time-limit check (every 30 s) then ends the job

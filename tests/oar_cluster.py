@@ -142,6 +142,11 @@ class PrivateOar:
     def admin_cancel(self, job_id: str) -> None:
         self.run(["oardel", job_id])
 
+    def rerun_allowed(self, job_id: str) -> bool | None:
+        """OAR resubmits only jobs of type ``idempotent`` (exit code 99, or a
+        besteffort job killed); any other job never runs twice."""
+        return "idempotent" in (self.job(job_id).get("types") or [])
+
     def expire(self, job_id: str) -> None:
         """Nothing to do: a 5 s walltime is enforced as it is."""
 

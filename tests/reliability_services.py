@@ -10,3 +10,10 @@ def count(path: str, token: str, seconds: float = 0.0) -> str:
     if seconds:
         time.sleep(seconds)
     return token
+
+
+def count_then_exit(path: str, token: str) -> str:
+    """Counts its run, then its worker process exits abruptly (status 3)."""
+    import os
+    count(path, token)
+    os._exit(3)

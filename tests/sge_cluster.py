@@ -210,6 +210,12 @@ class PrivateSge:
     def admin_cancel(self, job_id: str) -> None:
         self.run(["qdel", job_id])
 
+    def rerun_allowed(self, job_id: str) -> bool | None:
+        """``restart:`` of ``qstat -j`` (qsub -r y|n); None when the job did not
+        say (the queue's ``rerun`` decides)."""
+        m = re.search(r"^restart:\s+(\w+)", self.run(["qstat", "-j", job_id]).stdout, re.M)
+        return None if m is None else m.group(1) == "y"
+
     def expire(self, job_id: str) -> None:
         """Nothing to do: a short h_rt is enforced as it is."""
 

@@ -53,6 +53,7 @@ def only(*names):
 
 SERVICES = {s: f"gridrpc.examples.services:{s}" for s in ("add", "sleep", "echo", "fail")}
 SERVICES["job_info"] = "gridrpc.sed.batch.services:job_info"
+NON_IDEMPOTENT = {"sleep_once": "gridrpc.examples.services:sleep"}
 
 
 @pytest.fixture(scope="module", params=SCHEDULERS)
@@ -101,6 +102,8 @@ def running_sed(cluster, shared, name="bsed", parent=None, address="tcp://127.0.
     sed = BatchSeD(name, parent, config=config, address=address, hb_interval=0.5, hb_timeout=1.5)
     for svc, target in SERVICES.items():
         sed.add_service(svc, target)
+    for svc, target in NON_IDEMPOTENT.items():
+        sed.add_service(svc, target, idempotent=False)
     lt.run(sed.start())
     sed.test_loop = lt          # to read the SeD's state on its own loop
     try:
@@ -386,6 +389,53 @@ def test_admin_cancel_and_failed_jobs_name_the_job_and_the_reason(cluster, tmp_p
         assert cluster.bad_queue_words in str(exc.value).lower() or cluster.bad_queue_words in str(exc.value)
         est = sed.estimate(sed._replica, sed.services["add"], [], user=c.user)
         assert est["batch_available"] is False and est["est_wait"] >= 1e9
+
+
+def test_a_non_idempotent_call_is_never_run_again_by_the_scheduler(cluster, tmp_path):
+    """Schedulers may run a job again on their own: Slurm requeues batch jobs
+    after a node failure or preemption (JobRequeue=1, its default), Grid
+    Engine reruns jobs marked rerunnable, OAR resubmits jobs of type
+    ``idempotent``. The job of a non-idempotent call never may, even where the
+    site's submit options ask it for every job; an idempotent call's job keeps
+    the site's choice."""
+    site = {"slurm": "--requeue", "sge": "-r y", "oar": "-t idempotent"}[cluster.scheduler]
+    with running_sed(cluster, tmp_path / "shared", submit_options=[site]) as sed, client() as c:
+        once = c.submit("sleep_once", 300, server=addr(sed))
+        again = c.submit("sleep", 300, server=addr(sed))
+        job_once = job_of(sed, once.id)["job_id"]
+        job_again = job_of(sed, again.id)["job_id"]
+        assert cluster.rerun_allowed(job_once) is False
+        assert cluster.rerun_allowed(job_again) is True
+        assert once.cancel() and again.cancel()
+    # with the scheduler's defaults: off for the non-idempotent call all the same
+    with running_sed(cluster, tmp_path / "shared2") as sed, client() as c:
+        once = c.submit("sleep_once", 300, server=addr(sed))
+        assert cluster.rerun_allowed(job_of(sed, once.id)["job_id"]) is False
+        assert once.cancel()
+
+
+@only("slurm")
+def test_slurm_node_failure_ends_a_non_idempotent_call_instead_of_requeueing_it(cluster, tmp_path):
+    """The node running a non-idempotent call's job fails (an admin marks it
+    DOWN: Slurm kills its jobs and would requeue them): the call fails at
+    once naming the job and the node failure; the job is not run again."""
+    node = cluster.node_name
+    with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
+        once = c.submit("sleep_once", 300, server=addr(sed))
+        job = job_of(sed, once.id, "running")["job_id"]
+        cluster.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=gridrpc-test"])
+        try:
+            with pytest.raises(gridrpc.RemoteError) as exc:
+                once.result(timeout=60)
+            assert exc.value.remote_type == "BatchNodeFailure", exc.value
+            assert f"batch job {job} of sleep_once" in str(exc.value), exc.value
+            assert cluster.rerun_allowed(job) is False
+        finally:
+            cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+        wait_until(lambda: "idle" in cluster.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout, 30,
+                   "the node back")
+        state = cluster.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False).stdout.strip()
+        assert state == "NODE_FAIL", state                    # ended, not requeued
 
 
 def _cli_options(cluster) -> list[str]:

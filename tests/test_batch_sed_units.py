@@ -5,6 +5,7 @@ Real-Slurm tests are in tests/test_batch_sed.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import threading
@@ -786,3 +787,30 @@ def test_state_files_results_and_job_scripts_are_written_off_the_event_loop(tmp_
         assert not on_loop, f"blocking file I/O on the event loop: {on_loop}"
     finally:
         lt.close()
+
+
+def test_requeue_false_reaches_every_schedulers_options_after_the_sites():
+    """``JobSpec.requeue=False`` (a non-idempotent call): Slurm ``--no-requeue``
+    and Grid Engine ``-r n`` after the site's options (the last one wins), OAR
+    without the ``idempotent`` type; ``None`` leaves the site's choice."""
+    from gridrpc.sed.batch.oar import oarsub_options, render_job_script as oar_script
+    from gridrpc.sed.batch.sge import qsub_options
+    from gridrpc.sed.batch.slurm import render_job_script as slurm_script, sbatch_options
+    from gridrpc.sed.batch.base import JobSpec
+    base = JobSpec(script="#!/bin/sh\n", name="j")
+    never = dataclasses.replace(base, requeue=False)
+    assert sbatch_options(dataclasses.replace(never, extra_options=("--requeue",)))[-2:] == ["--requeue",
+                                                                                             "--no-requeue"]
+    assert "#SBATCH --no-requeue" in slurm_script(never, ["true"])
+    assert not any("requeue" in o for o in sbatch_options(base))
+    assert qsub_options(dataclasses.replace(never, extra_options=("-r y",)))[-2:] == [["-r", "y"], ["-r", "n"]]
+    assert not any(o[0] == "-r" for o in qsub_options(base))
+    site = ("-t idempotent", "--type=besteffort,idempotent", "-p cluster=a")
+    assert oarsub_options(dataclasses.replace(base, extra_options=site))[-5:] == [
+        "-t", "idempotent", "--type=besteffort,idempotent", "-p", "cluster=a"]
+    opts = oarsub_options(dataclasses.replace(never, extra_options=site))
+    assert "idempotent" not in " ".join(opts) and opts[-3:] == ["--type=besteffort", "-p", "cluster=a"]
+    script = oar_script(dataclasses.replace(never, extra_options=site), ["true"])
+    assert "idempotent" not in script and "#OAR --type=besteffort" in script
+    with pytest.raises(ValueError, match="requeue"):
+        JobSpec(script="#!/bin/sh\n", requeue="no")

@@ -331,6 +331,60 @@ def test_vm_dying_mid_call_is_replaced_and_the_call_retried(world):
     world.wait_terminated(vm_id)
 
 
+def test_non_idempotent_call_whose_vm_dies_mid_call_ends_in_server_lost_and_never_runs_twice(world):
+    # retries=3: the cloud SeD would re-run an idempotent call on new VMs three times
+    cloud = world.cloud_sed("cloud-1", policy="per-call", retries=3, services=[
+        "gridrpc.examples.services:add", "gridrpc.examples.services:sleep,idempotent=false"])
+    world.wait_registered("cloud-1")
+    with world.client() as c:
+        [s] = c.discover("sleep")
+        assert s.name == "cloud-1" and s.idempotent is False      # the cloud SeD says so
+        call = c.submit("sleep", 5.0)
+        world.wait_stats(cloud, lambda s: s["calls_on_vms"] == 1, what="call running on a VM")
+        [vm_id] = world.hv.ids("start")
+        world.hv.die(vm_id)                                 # the VM crashes mid-call
+        with pytest.raises(gridrpc.ServerLost) as info:
+            call.result(30)
+        assert info.value.server == "cloud-1" and info.value.call_id == call.id
+        assert "not idempotent" in str(info.value) and "cloud-1" in str(info.value)
+    st = world.wait_stats(cloud, lambda s: s["destroyed"] == 1, what="the dead VM destroyed")
+    # it ran on one VM only: no second VM was started for it
+    assert st["dispatched"] == 1 and st["created"] == 1 and st["calls_failed"] == 1
+    assert st["vm_failures"] == 1 and st["vms"] == []
+    # (a retry is decided with the failure, in the same step: its VM would be counted above)
+    assert world.hv.ids("start") == [vm_id]
+    world.wait_terminated(vm_id)
+
+
+def test_unknown_image_fails_the_call_within_seconds_naming_the_image(world):
+    # moto validates AMIs as AWS does (tests/moto_ec2.py): RunInstances answers InvalidAMIID.NotFound
+    bad = "ami-00000000deadbeef1"
+    cloud = world.cloud_sed("cloud-1", policy="per-call", image=bad, retries=3)
+    world.wait_registered("cloud-1")
+    with world.client() as c:
+        for _ in range(2):                 # the first call causes the create; the next meets the failure
+            t0 = time.monotonic()
+            with pytest.raises(gridrpc.NoServerAvailable) as info:
+                c.call("add", 1, 2, timeout=60)
+            elapsed = time.monotonic() - t0
+            print(f"\n[unknown image] call failed after {elapsed:.2f} s: {info.value}")
+            assert elapsed < 10
+            assert bad in str(info.value) and "cloud-1" in str(info.value)
+    st = world.stats(cloud)
+    assert st["create_failures"] == 1 and st["created"] == 1 and st["vms"] == []
+    assert world.live_instances() == []
+
+
+def test_unknown_image_call_fails_over_to_another_server(world):
+    world.local_sed("local-1", ["add"])
+    world.cloud_sed("cloud-1", policy="per-call", image="ami-00000000deadbeef1")
+    world.wait_registered("local-1", "cloud-1")
+    cloud_first = {"name": "priority", "params": {"order": [["boot_time", "max"]]}}
+    with world.client() as c:
+        call = c.submit("add", 1, 2, aggregator=cloud_first)
+        assert call.result(10) == 3 and call.server == "local-1"
+
+
 # =========================================================================== cost
 
 def test_least_cost_with_a_cap_chooses_between_local_and_cloud(world):

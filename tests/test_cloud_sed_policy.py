@@ -138,7 +138,48 @@ def test_create_failures_back_off_and_permanent_ones_fail_at_once():
     acts = p.tick(17)
     assert acts == [CreateVM("vm-3")]
     acts = p.vm_create_failed("vm-3", "unknown image ami-x", 18, permanent=True)
-    assert acts == [FailCall("a", "cannot create a VM: unknown image ami-x")]
+    assert acts == [FailCall("a", "cannot create a VM: unknown image ami-x", kind="unavailable")]
+
+
+def test_after_a_permanent_create_failure_calls_fail_at_once_until_the_back_off_ends():
+    p = per_call(retries=3)
+    assert p.submit("a", 0) == [CreateVM("vm-1")]
+    acts = p.vm_create_failed("vm-1", "unknown image ami-x", 1, permanent=True)
+    assert acts == [FailCall("a", "cannot create a VM: unknown image ami-x", kind="unavailable")]
+    # during the back-off (5 s): no waiting for a create that cannot succeed
+    assert p.submit("b", 2) == [FailCall("b", "cannot create a VM: unknown image ami-x", kind="unavailable")]
+    assert p.calls == {} and not p.pending and p.stats["calls_failed"] == 2
+    # afterwards one create is tried again (the image may exist now)
+    assert p.submit("c", 6) == [CreateVM("vm-2")]
+    p.vm_created("vm-2", "i-2", 7)
+    assert p.vm_registered("vm-2", "tcp://a", 8) == [Dispatch("c", "vm-2")]
+
+
+def test_a_non_idempotent_call_is_never_retried_once_sent_to_a_vm():
+    p = per_call(retries=3)
+    p.submit("a", 0, idempotent=False)
+    assert boot(p, "vm-1", 5) == [Dispatch("a", "vm-1")]
+    acts = p.call_failed("a", 7, "VM vm-1 stopped answering")
+    assert kinds(acts) == ["DestroyVM", "FailCall"]          # no CreateVM: not run again
+    fail = acts[1]
+    assert fail.kind == "server_lost" and fail.call_id == "a"
+    assert "vm-1" in fail.message and "not idempotent" in fail.message
+    assert p.calls == {} and p.vms == {} and p.stats["dispatched"] == 1
+    # an idempotent call in the same situation is retried
+    p.submit("b", 8)
+    boot(p, "vm-2", 9)
+    assert kinds(p.call_failed("b", 10, "VM vm-2 died")) == ["DestroyVM", "CreateVM"]
+
+
+def test_a_non_idempotent_call_whose_vm_failed_before_it_was_sent_is_retried():
+    # its VM never booted, or was gone before the relay sent anything: it never ran
+    p = per_call(retries=1, boot_timeout=30)
+    p.submit("a", 0, idempotent=False)
+    p.vm_created("vm-1", "i-1", 1)
+    assert kinds(p.tick(30)) == ["DestroyVM", "CreateVM"]
+    assert boot(p, "vm-2", 31) == [Dispatch("a", "vm-2")]
+    acts = p.call_failed("a", 32, "VM vm-2 is gone", sent=False)
+    assert kinds(acts) == ["DestroyVM", "FailCall"] and acts[1].kind == "communication"
 
 
 def test_a_vm_that_never_registers_and_no_call_just_goes():
@@ -287,6 +328,9 @@ def test_parse_cloud_config_defaults_and_types():
     ({**BASE, "flavour": "small"}, "unknown cloud keys flavour"),
     ({**BASE, "aws_secret_access_key": "x"}, "credentials do not belong"),
     ({**BASE, "vm_listen": "0.0.0.0:7000"}, "vm_listen must be an address"),
+    ({**BASE, "provider": "azure"}, "provider: unknown cloud provider 'azure'; known: ec2, openstack"),
+    ({**BASE, "provider": "openstack"}, "'openstack' is not implemented yet"),
+    ({**BASE, "services": ["m:f,idempotent=perhaps"]}, "services: .*unknown option"),
 ])
 def test_parse_cloud_config_errors(data, message):
     with pytest.raises(ConfigError, match=message):

@@ -373,3 +373,64 @@ def test_status_prints_numbers_as_people_read_them():
     from gridrpc.cli.values import format_number
     assert [format_number(v) for v in (1 / 3, 12345.678, 7, True, None)] == [
         "0.3333", "1.235e+04", "7", "True", "None"]
+
+
+# -- back-end sections (kind: cloud, kind: batch) --------------------------------------
+
+BACKENDS = """\
+name: be
+master_agent: {name: MA, host: localhost, port: 0}
+seds:
+  - {name: sed-1, parent: MA, services: [gridrpc.examples.services:add]}
+  - name: cloud-1
+    parent: MA
+    kind: cloud
+    provider: ec2
+    image: ami-0123456789abcdef0
+    instance_type: t3.micro
+    services: [gridrpc.examples.services:add]
+  - name: batch-1
+    parent: MA
+    kind: batch
+    scheduler: slurm
+    services: [gridrpc.examples.services:add]
+"""
+
+
+@pytest.mark.parametrize("old, new, line, field, words", [
+    ("provider: ec2", "provider: azure", 8, "seds[1].provider", "unknown cloud provider 'azure'; known: ec2"),
+    ("provider: ec2", "provider: openstack", 8, "seds[1].provider", "'openstack' is not implemented"),
+    ("instance_type: t3.micro", "instance_typ: t3.micro", 10, "seds[1].instance_typ", "unknown cloud keys"),
+    ("scheduler: slurm", "scheduler: pbs", 15, "seds[2].scheduler", "unknown scheduler 'pbs'; known: oar, sge, slurm"),
+    ("scheduler: slurm", "scheduler: slurm\n    partitoin: debug", 16, "seds[2].partitoin",
+     "did you mean partition"),
+    ("scheduler: slurm", "scheduler: slurm\n    scheduler_options: {pe: smp}", 16, "seds[2].scheduler_options",
+     "unknown scheduler option 'pe' for slurm"),
+])
+def test_deploy_up_refuses_a_bad_backend_section_before_starting_anything(tmp_path, old, new, line, field, words):
+    """The real CLI: the file is refused when read, naming file, line and field;
+    no element was started (no MA serving, no element log, no state)."""
+    assert old in BACKENDS
+    f = write(tmp_path, BACKENDS.replace(old, new))
+    msg = problems(f)                                          # the validation alone (deploy up reads it so)
+    assert f"{f}:{line}: {field}" in msg and words in msg, msg
+    state = tmp_path / "st"
+    r = subprocess.run([sys.executable, "-m", "gridrpc", "deploy", "up", str(f), "--state-dir", str(state),
+                        "--ready-timeout", "10", "--register-timeout", "10"],
+                       capture_output=True, text=True, timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in out, out
+    assert f"{f}:{line}: {field}" in r.stderr and words in r.stderr, out
+    assert "serving at" not in out and "starting" not in out, out
+    assert not (state / "state.json").exists()
+    assert not list(state.rglob("*.log")), list(state.rglob("*"))   # every element logs from its start
+
+
+def test_a_good_backend_section_loads_and_non_idempotent_services_are_accepted(tmp_path):
+    text = BACKENDS.replace("services: [gridrpc.examples.services:add]\n  - name: batch-1",
+                            "services: [gridrpc.examples.services:add, "
+                            "'gridrpc.examples.services:sleep,idempotent=false']\n  - name: batch-1")
+    spec = load(write(tmp_path, text))
+    assert spec.element("cloud-1").options["services"][-1] == "gridrpc.examples.services:sleep,idempotent=false"
+    msg = problems(write(tmp_path, text.replace("idempotent=false", "idempotent=maybe"), "bad.yaml"))
+    assert re.search(r"bad\.yaml:\d+: seds\[1\]\.services.*idempotent=maybe", msg), msg

@@ -148,13 +148,15 @@ def test_discover_waits_out_a_rebuilding_ma():
             assert [s.name for s in servers] == ["late"]
 
 
-def run_kill_sed(proc_tree, tmp_path, service_opts: str, n: int = 12):
+def run_kill_sed(proc_tree, tmp_path, service_opts: str, n: int = 12, isolation: str = "process"):
     """Two SeDs offering ``count`` (each call appends its token), one call at a
-    time each; ``n`` calls of 0.6 s; kill -9 of the SeD running a call."""
+    time each, run by the ``isolation`` back-end (worker processes or inline);
+    ``n`` calls of 0.6 s; kill -9 of the SeD running a call."""
     path = tmp_path / "executions.txt"
     path.touch()
     ma = proc_tree.start("ma", "MA")
-    seds = {f"s{i}": proc_tree.start("sed", f"s{i}", "--service", COUNT + service_opts, parent=ma.address)
+    seds = {f"s{i}": proc_tree.start("sed", f"s{i}", "--service", COUNT + service_opts, "--isolation", isolation,
+                                     parent=ma.address)
             for i in (1, 2)}
     outcomes: dict[str, object] = {}
     with gridrpc.Client(ma.address, ping_interval=0.3, ping_timeout=1.0, timeout=30) as c:
@@ -184,8 +186,9 @@ def test_kill_sed_idempotent_calls_are_rerun_none_lost(proc_tree, tmp_path):
     assert len(twice) <= 1                     # only the call that was running on the victim
 
 
-def test_kill_sed_non_idempotent_calls_never_run_twice(proc_tree, tmp_path):
-    victim, outcomes, runs = run_kill_sed(proc_tree, tmp_path, ",idempotent=false")
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_kill_sed_non_idempotent_calls_never_run_twice(proc_tree, tmp_path, isolation):
+    victim, outcomes, runs = run_kill_sed(proc_tree, tmp_path, ",idempotent=false", isolation=isolation)
     lost = {t: e for t, e in outcomes.items() if isinstance(e, gridrpc.ServerLost)}
     ok = {t for t, v in outcomes.items() if v == t}
     print(f"\n[kill -9 of {victim}, non-idempotent] calls={len(outcomes)} completed={len(ok)} "
@@ -197,6 +200,25 @@ def test_kill_sed_non_idempotent_calls_never_run_twice(proc_tree, tmp_path):
         assert e.server == victim and e.call_id and runs[tok] == 1
     # the queued ones moved and ran exactly once
     assert all(runs[t] == 1 for t in ok)
+
+
+def test_non_idempotent_call_whose_worker_dies_is_not_run_again(proc_tree, tmp_path):
+    """The process back-end: the worker running a non-idempotent call dies;
+    the call ends in WorkerDied, on that server, and ran once (another SeD
+    offers the service: nothing moved it there)."""
+    path = tmp_path / "executions.txt"
+    path.touch()
+    ma = proc_tree.start("ma", "MA")
+    for i in (1, 2):
+        proc_tree.start("sed", f"s{i}", "--service", "tests.reliability_services:count_then_exit,idempotent=false",
+                        parent=ma.address)
+    with gridrpc.Client(ma.address, ping_interval=0.3, ping_timeout=1.0, timeout=30) as c:
+        wait_for(lambda: discoverable(c, "count_then_exit", 2), 15, "SeDs")
+        call = c.submit("count_then_exit", str(path), "once")
+        with pytest.raises(gridrpc.WorkerDied):
+            call.result(30)
+        assert call.server in ("s1", "s2")
+    assert path.read_text().split() == ["once"]
 
 
 def test_orphaned_call_is_killed(proc_tree, tmp_path):

@@ -11,7 +11,7 @@ from gridrpc.core import messages as m
 from gridrpc.core.agent import AgentConfig, AgentState, MasterRole, Received, Send
 from gridrpc.core.call import (Accepted, CallMachine, CallPolicy, Discover, Discovered, DiscoveryFailed, Fail,
                                FailOver, Phase, Pong, Result, SendCall, SendCancel, SendFailed, Start, Tick,
-                               Done)
+                               Done, Error)
 from gridrpc.core.ids import IdGenerator
 from gridrpc.core.messages import MsgType
 from gridrpc.errors import (NoServerAvailable, ServerLost, ServiceNotFound, Timeout, error_from_wire)
@@ -199,3 +199,21 @@ def test_restarted_ma_says_rebuilding_then_service_not_found():
     assert ask(100.0) == "rebuilding"
     assert ask(103.9) == "rebuilding"                   # hb_timeout + hb_interval after the first event
     assert ask(104.1) == "service_not_found"
+
+
+def test_unavailable_moves_even_a_running_non_idempotent_call_then_fails_without_rediscovery():
+    """``unavailable``: the server cannot run the call at all and says it never
+    started there (a cloud SeD whose image does not exist)."""
+    err = {"kind": "unavailable", "type": "CloudUnavailable", "message": "cloud SeD a: unknown image ami-1",
+           "traceback": ""}
+    mc = disc()
+    mc.handle(Start(), 0.0)
+    mc.handle(Discovered([NA, NB]), 0.1)
+    mc.handle(Accepted("t-1", idempotent=False, state="running"), 0.2)
+    acts = mc.handle(Error("t-1", err, server="a"), 0.3)
+    assert [type(a) for a in acts] == [FailOver, SendCall]           # no CANCEL: it answered
+    # the last candidate: the call fails at once with that error, no new discovery, no backoff
+    acts = mc.handle(Error("t-2", dict(err, message="cloud SeD b: unknown image ami-2"), server="b"), 0.4)
+    assert [type(a) for a in acts] == [Fail] and mc.finished
+    e = exc(acts[0])
+    assert isinstance(e, NoServerAvailable) and "ami-2" in str(e)

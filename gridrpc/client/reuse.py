@@ -67,7 +67,7 @@ __all__ = ["ReusedAnswers", "MAX_KEPT", "MAX_ASK", "FORGET_KINDS", "load", "ask_
 
 #: failures of a call after which the kept answers are forgotten (a server or the network failed)
 FORGET_KINDS = frozenset({"communication", "server_lost", "worker_died", "timeout", "no_server",
-                          "service_not_found", "refused"})
+                          "service_not_found", "refused", "unavailable"})
 
 #: answers kept at most (one per service, aggregator, ...): the oldest go first
 MAX_KEPT = 256

@@ -74,6 +74,11 @@ candidates)::
   lost while the call may have started (running, or state unknown: the CALL
   went out and nothing came back) is not re-run: it fails with kind
   ``server_lost`` (:class:`gridrpc.ServerLost`) naming the server and call id.
+  An ERROR of kind ``unavailable`` (the server cannot run the call at all,
+  and it never started there: a cloud SeD whose image does not exist) moves
+  the call to the next candidate, idempotent or not; with none left the call
+  fails with that error (:class:`gridrpc.NoServerAvailable`), without a new
+  discovery.
 
 Errors are data (:class:`CallError`: a wire error kind and a message); the
 drivers turn them into :mod:`gridrpc.errors` exceptions with
@@ -106,6 +111,9 @@ __all__ = [
 
 _LIVE = (Phase.WAITING, Phase.RUNNING)
 _FAILOVER_WHILE_WAITING = frozenset({"no_server", "service_not_found", "communication", "busy"})
+# the server cannot run the call and says it never started (a cloud SeD that cannot create VMs):
+# the other candidates are tried, then the call fails with that error (no new discovery)
+_UNAVAILABLE = "unavailable"
 _NOT_STARTED = frozenset({"queued"})
 _NOTHING: frozenset = frozenset()
 
@@ -279,6 +287,8 @@ class CallMachine(Rediscovery):
             return self._busy(wire, now)
         if self.phase is Phase.WAITING and kind in _FAILOVER_WHILE_WAITING:
             return self._leave(now, err.message, cancel=False, error=None if kind == "communication" else err)
+        if kind == _UNAVAILABLE and self.phase in _LIVE:
+            return self._leave(now, err.message, cancel=False, error=err)
         if self.phase is Phase.RUNNING and kind == "communication":
             return self._leave(now, err.message, cancel=False, error=err)
         return self._fail(err)

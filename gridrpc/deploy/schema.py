@@ -247,9 +247,14 @@ def _key_named(text: str, entry: dict, what: str) -> str:
     body = text.removeprefix(what + ":").strip()
     best = None
     for k in entry:
-        m = re.search(rf"(?<![\w]){re.escape(str(k))}(?![\w])", body)
-        if m and (best is None or m.start() < best[0]):
-            best = (m.start(), k)
+        # "scheduler_options" is also named as "scheduler option": words apart, singular
+        words = r"[ _]".join(re.escape(w) for w in str(k).split("_"))
+        if str(k).endswith("s") and "_" in str(k):
+            words += "?"
+        m = re.search(rf"(?<![\w]){words}(?![\w])", body)
+        # the earliest mention; at one place, the longest key ("scheduler_options", not "scheduler")
+        if m and (best is None or (m.start(), -len(m.group())) < best[0]):
+            best = ((m.start(), -len(m.group())), k)
     return best[1] if best else "name"
 
 

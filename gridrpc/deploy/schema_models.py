@@ -130,8 +130,16 @@ _TARGET_RE = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-
 
 
 def _service(v: str) -> str:
-    if not _SERVICE_RE.fullmatch(v):
-        raise ValueError(f"{v!r} is not a service: expected 'package.module:function' (or 'name=module:function')")
+    """``[name=]package.module:function[,idempotent=false][,on_orphan=...]``, as ``gridrpc sed --service``."""
+    from ..errors import ConfigError
+    from ..sed.services import split_spec_options
+    try:
+        head, _ = split_spec_options(v)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if not _SERVICE_RE.fullmatch(head):
+        raise ValueError(f"{v!r} is not a service: expected 'package.module:function' (or 'name=module:function', "
+                         "options after commas: ',idempotent=false')")
     return v
 
 

@@ -92,6 +92,10 @@ class JobSpec:
     error: str | None = None            # stderr file (joined with stdout if None)
     extra_options: tuple[str, ...] = () # passed verbatim, e.g. ("--mem=1G",) or ("-l h_vmem=1G",)
     env: Mapping[str, str] = field(default_factory=dict)  # exported to the job
+    # may the scheduler run the job again on its own (node failure, preemption)? False: never
+    # (a non-idempotent call: Slurm --no-requeue, Grid Engine -r n, OAR: no "idempotent" type);
+    # True: allowed (Slurm --requeue, Grid Engine -r y); None: the scheduler's default
+    requeue: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.script, str) or not self.script.strip():
@@ -100,6 +104,8 @@ class JobSpec:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"JobSpec.{name} must be a positive int, not {v!r}")
+        if self.requeue is not None and not isinstance(self.requeue, bool):
+            raise ValueError(f"JobSpec.requeue must be True, False or None, not {self.requeue!r}")
         if self.time_limit is not None and self.time_limit <= 0:
             raise ValueError(f"JobSpec.time_limit must be > 0 seconds, not {self.time_limit!r}")
         # accept lists for convenience, store tuples (frozen, hashable)

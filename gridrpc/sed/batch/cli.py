@@ -88,7 +88,9 @@ def make_batch_sed(a: argparse.Namespace, address: str, hb: dict):
         raise ConfigError(f"batch SeD {a.name}: give at least one --service MODULE:FUNC (or --examples)")
     sed = BatchSeD(a.name, a.parent, config=config, address=address, orphan_timeout=a.orphan_timeout,
                    max_message_size=a.max_message_size, result_cache_bytes=a.result_cache_bytes, **hb)
+    from ..services import split_spec_options
     for spec in specs:
+        spec, options = split_spec_options(spec)     # [NAME=]MODULE:FUNC[,idempotent=false][,on_orphan=kill]
         name, _, target = spec.rpartition("=")
-        sed.add_service(name or target.rsplit(":", 1)[-1], target)
+        sed.add_service(name or target.rsplit(":", 1)[-1], target, **options)
     return sed

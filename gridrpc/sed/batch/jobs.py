@@ -243,7 +243,10 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
             nodes=o.get("nodes", c.nodes), ntasks=o.get("ntasks", c.ntasks),
             cpus_per_task=o.get("cpus_per_task", c.cpus_per_task),
             output=os.path.join(job.dir, "job.out"), extra_options=c.submit_options,
-            env={**c.job_env, "GRIDRPC_CALL_ID": call.id, "GRIDRPC_CALL_DIR": job.dir})
+            env={**c.job_env, "GRIDRPC_CALL_ID": call.id, "GRIDRPC_CALL_DIR": job.dir},
+            # a non-idempotent call is never run again by the scheduler on its own (node failure,
+            # preemption): its job ends and the call fails, naming the job
+            requeue=None if call.svc.idempotent else False)
         command = [c.remote_python, "-m", "gridrpc.sed.batch.run_job", job.dir]
         return dataclasses.replace(spec, script=self.scheduler.render_script(spec, command))
 

@@ -76,11 +76,38 @@ def oarsub_options(spec: JobSpec, *, core: str = "core") -> list[str]:
         opts += ["-q", spec.partition]
     if spec.account:
         opts += ["--project", spec.account]
-    for o in spec.extra_options:
-        opts += shlex.split(o)
+    extra = [w for o in spec.extra_options for w in shlex.split(o)]
+    opts += _without_idempotent_type(extra) if spec.requeue is False else extra
     if any("\n" in o or "\r" in o for o in opts):
         raise ValueError(f"newline in oarsub options {opts!r}")
     return opts
+
+
+def _without_idempotent_type(words: list[str]) -> list[str]:
+    """``words`` (oarsub options) less OAR's ``idempotent`` job type (``-t
+    idempotent``, ``--type=idempotent``, ``-t besteffort,idempotent``...): OAR
+    resubmits a job of that type that ends with exit code 99 or is killed as
+    besteffort; a job of a non-idempotent call must never be run again.
+    Without that type OAR never runs a job twice."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in ("-t", "--type") and i + 1 < len(words):
+            flag, value, i = w, words[i + 1], i + 2
+            joined = False
+        elif w.startswith("--type=") or (w.startswith("-t") and len(w) > 2 and not w.startswith("--")):
+            flag, value = ("--type", w[7:]) if w.startswith("--type=") else ("-t", w[2:].lstrip("="))
+            i += 1
+            joined = True
+        else:
+            out.append(w)
+            i += 1
+            continue
+        kept = [t for t in value.split(",") if t != "idempotent"]
+        if kept:
+            out += [f"{flag}={','.join(kept)}"] if joined else [flag, ",".join(kept)]
+    return out
 
 
 def render_job_script(spec: JobSpec, command: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -94,7 +121,11 @@ def render_job_script(spec: JobSpec, command: Sequence[str], *, env: Mapping[str
         raise ValueError("empty command")
     own = oarsub_options(dataclasses.replace(spec, extra_options=()), core=core)
     directives = [shlex.join(own[i:i + 2]) for i in range(0, len(own), 2)]
-    directives += [shlex.join(shlex.split(o)) for o in spec.extra_options]
+    for o in spec.extra_options:
+        words = shlex.split(o)
+        words = _without_idempotent_type(words) if spec.requeue is False else words
+        if words:
+            directives.append(shlex.join(words))
     cpt = spec.cpus_per_task or 1
     # in the call's directory (shared, removed with it) when there is one: a killed job leaves nothing
     nodefile = (shlex.quote(os.path.join(spec.workdir, "gridrpc-nodes")) if spec.workdir

@@ -76,6 +76,10 @@ def qsub_options(spec: JobSpec, *, pe: str | None = None, shell: str = "/bin/bas
                              "option pe (qconf -spl lists them)")
         opts.append(["-pe", pe, str(slots)])
     opts += [shlex.split(o) for o in spec.extra_options]
+    # rerun after a host failure (the queue's "rerun" otherwise); after the extra options, so
+    # that the call's semantics win over a site's -r y
+    if spec.requeue is not None:
+        opts.append(["-r", "y" if spec.requeue else "n"])
     for words in opts:
         if any("\n" in w or "\r" in w for w in words):
             raise ValueError(f"newline in qsub option {words!r}")

@@ -36,6 +36,10 @@ def sbatch_options(spec: JobSpec) -> list[str]:
     if spec.error:
         opts.append(f"--error={spec.error}")
     opts += list(spec.extra_options)
+    # Slurm requeues batch jobs after a node failure by default (JobRequeue=1); after the extra
+    # options, so that the call's semantics win over a site's --requeue
+    if spec.requeue is not None:
+        opts.append("--requeue" if spec.requeue else "--no-requeue")
     for o in opts:
         if "\n" in o or "\r" in o:
             raise ValueError(f"newline in sbatch option {o!r}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...errors import ConfigError
+from ..services import split_spec_options
 
 POLICIES = ("per-call", "pool")
 ORPHAN_ACTIONS = ("adopt", "terminate")
@@ -152,6 +153,11 @@ def parse_cloud_config(data: Mapping[str, Any], *, what: str = "cloud SeD",
             kw[key] = str(value)
         elif key == "services":
             kw[key] = _str_tuple(value, key, what)
+            for spec in kw[key]:
+                try:
+                    split_spec_options(spec)    # [name=]module:function[,idempotent=false]...
+                except ConfigError as exc:
+                    raise ConfigError(f"{what}: services: {exc}") from None
         elif key == "vm_args":
             kw[key] = tuple(shlex.split(value)) if isinstance(value, str) else _str_tuple(value, key, what)
         elif key == "tags":
@@ -184,6 +190,10 @@ def _str_tuple(value: Any, key: str, what: str) -> tuple[str, ...]:
 
 
 def _check(c: CloudConfig, what: str) -> None:
+    from .provider import provider_problem      # provider.py imports this module
+    problem = provider_problem(c.provider)
+    if problem is not None:
+        raise ConfigError(f"{what}: provider: {problem}")
     if c.policy not in POLICIES:
         raise ConfigError(f"{what}: policy must be one of {', '.join(POLICIES)}, not {c.policy!r}")
     if c.orphans not in ORPHAN_ACTIONS:

@@ -10,9 +10,12 @@ for the runtime (``gridrpc/sed/cloud/sed.py``) to carry out:
 ``DestroyVM``      terminate it (``vm_id`` None: never created, nothing to do)
 ``Dispatch``       forward call ``call_id`` to VM ``vm`` (report back with
                    :meth:`VMPool.call_done` or :meth:`VMPool.call_failed`)
-``FailCall``       give up on the call: the runtime answers the client with a
-                   *communication* error, so the client fails over to its
-                   next candidate server
+``FailCall``       give up on the call: the runtime answers the client with
+                   the action's error ``kind``: ``communication`` (the client
+                   fails over to its next candidate server), ``unavailable``
+                   (no VM can be created at all; the call never ran: the
+                   client tries its other candidates, then fails) or
+                   ``server_lost`` (a non-idempotent call, see below)
 =================  ==========================================================
 
 Policies:
@@ -37,6 +40,16 @@ never came up, or died while running it) is retried on another VM up to
 by the waiting call that caused it; the claim is what makes a boot failure
 count against that call. Create errors back off (5 s doubling up to 60 s)
 so a broken image does not create VMs in a tight loop.
+
+Execution semantics: a call of a non-idempotent service (``submit(...,
+idempotent=False)``) whose VM fails after the call was sent to it may have
+run there; it is never retried, whatever ``retries`` says: it fails with
+kind ``server_lost``. A VM failure *before* the call was sent (its VM never
+booted, or was lost before the relay sent the call) is retried as for any
+call. A permanent create failure (unknown image, bad credentials) fails the
+call that caused it and, until the back-off delay has passed, every call
+that has no VM on the way, at once (kind ``unavailable``); after the delay
+one create is tried again (the image may have been registered meanwhile).
 """
 from __future__ import annotations
 
@@ -65,6 +78,7 @@ class VMPool(Placement):
         self._seq = 0
         self._create_failures = 0
         self._no_create_before = 0.0
+        self._broken: str | None = None        # the last permanent create failure, during its back-off
         self.stats = {"created": 0, "destroyed": 0, "boot_timeouts": 0, "create_failures": 0,
                       "vm_failures": 0, "calls_failed": 0, "dispatched": 0, "adopted": 0}
 
@@ -82,13 +96,15 @@ class VMPool(Placement):
         self.stats["adopted"] += 1
         return []
 
-    def submit(self, call_id: str, now: float, *, tcomp: float = 0.0) -> list:
-        """A call needs a VM; ``tcomp`` is its predicted run time."""
+    def submit(self, call_id: str, now: float, *, tcomp: float = 0.0, idempotent: bool = True) -> list:
+        """A call needs a VM; ``tcomp`` is its predicted run time;
+        ``idempotent=False``: once sent to a VM, it is never run again."""
         if call_id in self.calls:
             return []
-        self.calls[call_id] = _Call(id=call_id, tcomp=max(0.0, tcomp), submitted=now)
+        self.calls[call_id] = _Call(id=call_id, tcomp=max(0.0, tcomp), submitted=now,
+                                    idempotent=bool(idempotent))
         self.pending.append(call_id)
-        return self._schedule(now)
+        return self._fail_while_broken(now) + self._schedule(now)
 
     def cancel(self, call_id: str, now: float) -> list:
         """The call was cancelled (the runtime cancels it on its VM, if any)."""
@@ -127,9 +143,11 @@ class VMPool(Placement):
                     self.config.create_backoff_max)
         self._no_create_before = now + delay
         actions: list = []
+        if permanent:
+            self._broken = f"cannot create a VM: {message}"
         if vm is not None and vm.claim is not None:
             actions += self._charge(vm.claim, f"cannot create a VM: {message}", now, fatal=permanent)
-        return actions + self._schedule(now)
+        return actions + self._fail_while_broken(now) + self._schedule(now)
 
     def vm_registered(self, name: str, address: str, now: float) -> list:
         """The VM's SeD registered: it is ready. Unknown names return [] (the
@@ -171,19 +189,31 @@ class VMPool(Placement):
             return self._release(vm, call_id, now, "call done") + self._schedule(now)
         return self._schedule(now)
 
-    def call_failed(self, call_id: str, now: float, message: str) -> list:
+    def call_failed(self, call_id: str, now: float, message: str, *, sent: bool = True) -> list:
         """The VM running the call failed (unreachable, died, lost the call):
-        the VM is destroyed; the call is retried or failed."""
+        the VM is destroyed; the call is retried or failed. ``sent``: the
+        call had been sent to the VM (False: the VM was gone before the relay
+        sent it), so it may have run there: a non-idempotent call then fails
+        with kind ``server_lost`` instead of being retried."""
         c = self.calls.get(call_id)
         if c is None:
             return []
         actions: list = []
         self.stats["vm_failures"] += 1
+        vm_name = c.vm
         vm = self.vms.get(c.vm) if c.vm else None
         if vm is not None:
             vm.calls.discard(call_id)
             actions += self._destroy(vm, f"failed while running {call_id}")
         c.vm, c.dispatched_at = None, None
+        if sent and vm_name is not None and not c.idempotent:
+            self.calls.pop(call_id, None)
+            self._unclaim(call_id)
+            self.stats["calls_failed"] += 1
+            return actions + [FailCall(call_id, (
+                f"VM {vm_name} was lost while running call {call_id} ({message}); the service is not "
+                "idempotent, so the call is not run again: it may or may not have completed"),
+                kind="server_lost")] + self._schedule(now)
         return actions + self._charge(call_id, message, now, front=True) + self._schedule(now)
 
     def tick(self, now: float) -> list:
@@ -333,13 +363,32 @@ class VMPool(Placement):
                 self.pending.remove(call_id)
             self.stats["calls_failed"] += 1
             tries = "" if fatal else f" (after {c.attempts} VM failure{'s' if c.attempts > 1 else ''})"
-            return [FailCall(call_id, message + tries)]
+            return [FailCall(call_id, message + tries, kind="unavailable" if fatal else "communication")]
         if call_id not in self.pending:
             if front:
                 self.pending.appendleft(call_id)
             else:
                 self.pending.append(call_id)
         return []
+
+    def _fail_while_broken(self, now: float) -> list:
+        """While a permanent create failure's back-off lasts, calls with no VM
+        on the way fail at once (no create can succeed); afterwards one
+        create is tried again."""
+        if self._broken is None:
+            return []
+        if now >= self._no_create_before:
+            self._broken = None
+            return []
+        if any(vm.state in ("creating", "booting", "ready") for vm in self.vms.values()):
+            return []           # a VM exists (adopted, or created before): calls wait for it
+        actions: list = []
+        for cid in list(self.pending):
+            self.pending.remove(cid)
+            self.calls.pop(cid, None)
+            self.stats["calls_failed"] += 1
+            actions.append(FailCall(cid, self._broken, kind="unavailable"))
+        return actions
 
     def _can_create(self, now: float) -> bool:
         return self._alive_count() < self.config.max_vms and now >= self._no_create_before

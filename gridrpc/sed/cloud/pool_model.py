@@ -30,8 +30,15 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True)
 class FailCall:
+    """Give the call up. ``kind`` is the wire error kind the client gets:
+    ``communication`` (VM failures used up the retries: the client may move
+    the call), ``unavailable`` (the cloud SeD cannot start VMs at all: an
+    unknown image, bad credentials; the call never ran), ``server_lost`` (a
+    non-idempotent call's VM failed after the call was sent to it: it is not
+    run again)."""
     call_id: str
     message: str
+    kind: str = "communication"
 
 
 # --------------------------------------------------------------------------- state
@@ -82,5 +89,6 @@ class _Call:
     tcomp: float
     submitted: float
     attempts: int = 0                   # VM failures charged to this call
+    idempotent: bool = True             # False: never re-run once sent to a VM
     vm: str | None = None
     dispatched_at: float | None = None

@@ -39,7 +39,7 @@ from .provider_api import (  # noqa: F401 - re-exported
 __all__ = [
     "VM", "VMSpec", "CloudProvider", "LibcloudProvider", "Credentials",
     "CloudError", "CloudAuthError", "CloudUnreachable", "UnknownImage", "CloudTimeout",
-    "resolve_aws_credentials", "make_provider", "price_per_call", "PROVIDERS",
+    "resolve_aws_credentials", "make_provider", "price_per_call", "PROVIDERS", "provider_problem",
 ]
 
 
@@ -49,14 +49,29 @@ def _make_ec2(config: Mapping) -> CloudProvider:
                             timeout=float(config.get("timeout", 10.0)))
 
 
+_OPENSTACK_NOT_IMPLEMENTED = (
+    "cloud provider 'openstack' is not implemented yet: libcloud's OpenStack driver "
+    "needs flavor and security-group lookups and client-side metadata filtering, and "
+    "nothing here can test it; use provider 'ec2' (OpenStack's EC2 API also works)")
+
+
 def _make_openstack(config: Mapping) -> CloudProvider:
-    raise CloudError(
-        "cloud provider 'openstack' is not implemented yet: libcloud's OpenStack driver "
-        "needs flavor and security-group lookups and client-side metadata filtering, and "
-        "nothing here can test it; use provider 'ec2' (OpenStack's EC2 API also works)")
+    raise CloudError(_OPENSTACK_NOT_IMPLEMENTED)
 
 
 PROVIDERS = {"ec2": _make_ec2, "openstack": _make_openstack}
+
+
+def provider_problem(name: str) -> str | None:
+    """Why a cloud SeD cannot use provider ``name`` (unknown, or reserved and
+    not implemented), or None. Read when a configuration is parsed, so a bad
+    provider is refused before anything starts; needs no libcloud."""
+    factory = PROVIDERS.get(str(name).lower())
+    if factory is None:
+        return f"unknown cloud provider {name!r}; known: {', '.join(sorted(PROVIDERS))}"
+    if factory is _make_openstack:
+        return _OPENSTACK_NOT_IMPLEMENTED
+    return None
 
 
 def make_provider(config: Mapping) -> CloudProvider:

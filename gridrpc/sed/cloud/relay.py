@@ -31,7 +31,13 @@ log = logging.getLogger(__name__)
 
 
 class VMFailed(Exception):
-    """The VM could not run the call: unreachable, silent, died, lost it."""
+    """The VM could not run the call: unreachable, silent, died, lost it.
+    ``sent``: the call had left for the VM (it may have run there); False
+    when the VM was known gone before anything was sent."""
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class _VM:
@@ -59,7 +65,7 @@ class VMLink:
         """Send the call (``header`` gets ``relay_id`` and this VM's SeD name)
         and wait for its RESULT or ERROR: ``(type, header, frames)``."""
         if self.closed:
-            raise VMFailed(f"VM {self.name} is gone")
+            raise VMFailed(f"VM {self.name} is gone", sent=False)
         machine = CallMachine(str(header.get("service", "call")), [_VM(self.name, self.address)],
                               policy=self.policy, new_id=lambda: relay_id, noun="VM")
         flight = self.relays[relay_id] = self.driver.launch(machine, dict(header), buffers)

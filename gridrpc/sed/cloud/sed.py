@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ...core.sed_calls import DEFAULT_RESULT_CACHE_BYTES
 from ..server import SeD
+from ..services import split_spec_options
 from .config import CloudConfig
 from .provider import CloudProvider
 from .vms import OWNER_TAG, RUN_TAG, VM_TAG, CloudVMs
@@ -39,11 +40,13 @@ class CloudSeD(SeD):
             self.add_image_service(spec)
 
     def add_image_service(self, spec: str) -> None:
-        """Offer a service of the image (``[name=]module:function``). If the
-        module is not importable here, the service is still offered, without
-        argument checks: only the VMs run it."""
+        """Offer a service of the image (``[name=]module:function[,idempotent=false]
+        [,on_orphan=...]``, as ``gridrpc sed --service``; the VMs get the same
+        spec). If the module is not importable here, the service is still
+        offered, without argument checks: only the VMs run it."""
+        spec, options = split_spec_options(spec)
         name, _, target = spec.rpartition("=")
-        self.add_service(name or target.rsplit(":", 1)[-1], target)
+        self.add_service(name or target.rsplit(":", 1)[-1], target, **options)
 
     # the cloud back-end's settings and state, as attributes of the SeD
     @property

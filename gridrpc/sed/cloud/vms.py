@@ -47,7 +47,11 @@ RUN_TAG = "gridrpc:run"
 
 
 class _CallFailed(Exception):
-    """The pool gave up on a call (FailCall)."""
+    """The pool gave up on a call (FailCall); ``kind`` is the wire error kind."""
+
+    def __init__(self, message: str, kind: str = "communication") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class _VMAgent(AgentRuntime):
@@ -212,7 +216,7 @@ class CloudVMs(BaseBackend):
             elif isinstance(a, FailCall):
                 fut = self._waiters.get(a.call_id)
                 if fut is not None and not fut.done():
-                    fut.set_exception(_CallFailed(a.message))
+                    fut.set_exception(_CallFailed(a.message, a.kind))
             elif isinstance(a, CreateVM):
                 self._record("create", a.name)
                 t = asyncio.get_running_loop().create_task(self._create_vm(a.name))
@@ -381,7 +385,8 @@ class CloudVMs(BaseBackend):
             if self._closing:
                 raise _CallFailed("the cloud SeD is shutting down")
             self._apply_pool(self.policy.submit(cid, time.monotonic(),
-                                                tcomp=call.replica.predictor.predict(call.service)))
+                                                tcomp=call.replica.predictor.predict(call.service),
+                                                idempotent=call.svc.idempotent))
             while True:
                 vm_name = await self._waiters[cid]
                 self._waiters[cid] = loop.create_future()
@@ -390,7 +395,7 @@ class CloudVMs(BaseBackend):
                 rid = new_id()            # the client's id may be long: ids stay within the wire limit
                 try:
                     if link is None:
-                        raise VMFailed(f"VM {vm_name} is gone")
+                        raise VMFailed(f"VM {vm_name} is gone", sent=False)
                     current = (link, rid)
                     log.debug("cloud SeD %s: call %s -> VM %s as %s", self.sed_name, cid, vm_name, rid)
                     mt, vh, frames = await link.run(rid, forward, buffers)
@@ -400,12 +405,17 @@ class CloudVMs(BaseBackend):
                     log.warning("cloud SeD %s: call %s: %s", self.sed_name, cid, exc)
                     if self._closing:
                         raise _CallFailed(str(exc)) from None
-                    self._apply_pool(self.policy.call_failed(cid, time.monotonic(), str(exc)))
+                    self._apply_pool(self.policy.call_failed(cid, time.monotonic(), str(exc), sent=exc.sent))
                     continue
                 return self._on_vm_answer(call, vm_name, mt, vh, frames)
         except _CallFailed as exc:
-            return Outcome(ok=False, kind="communication", error=(
-                "CloudVMFailure", f"cloud SeD {call.replica.name} could not run the call: {exc}", ""))
+            message = f"cloud SeD {call.replica.name} could not run the call: {exc}"
+            if exc.kind == "server_lost":       # the client's ServerLost names the call
+                return Outcome(ok=False, header=m.make(MsgType.ERROR, cid, error={
+                    "kind": "server_lost", "type": "ServerLost", "message": message, "traceback": "",
+                    "call_id": cid}))
+            return Outcome(ok=False, kind=exc.kind, error=(
+                "CloudUnavailable" if exc.kind == "unavailable" else "CloudVMFailure", message, ""))
         except asyncio.CancelledError:
             if current is not None:
                 current[0].cancel(current[1])

@@ -1,14 +1,17 @@
-"""Run a daemon (MA, LA, SeD) in the foreground until SIGINT/SIGTERM.
-Signal handlers live here, at the top level only.
+"""Run a daemon (MA, LA, SeD: a :class:`gridrpc.runtime.lifecycle.Daemon`)
+in the foreground until SIGINT/SIGTERM. Signal handlers live here, at the
+top level only.
 
-Once serving, one line says what runs where (``SeD solver-1 serving solve at
+Once serving, one line (the daemon's :meth:`~gridrpc.runtime.lifecycle.Daemon.describe`)
+says what runs where (``SeD solver-1 serving solve at
 tcp://127.0.0.1:41234 under parent tcp://127.0.0.1:5555``, ``Master Agent MA
 serving at tcp://127.0.0.1:5555; HTTP status at http://127.0.0.1:8080``) on
 stderr. SIGTERM
 stops the daemon cleanly and returns; SIGINT (Ctrl-C) stops it cleanly too,
 then exits with status 130 like any interrupted Unix program, without a
 traceback. A daemon that cannot start is closed again (sockets released)
-before the error propagates.
+before the error propagates; one that closes itself (its parent gone past
+``orphan_timeout``) ends the run.
 """
 from __future__ import annotations
 
@@ -17,42 +20,14 @@ import gc
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .runtime.lifecycle import Daemon
 
 log = logging.getLogger(__name__)
 
 INTERRUPTED = 130          # 128 + SIGINT
-
-
-def describe(daemon) -> str:
-    """One line: kind, name, services (SeD), address, parent (or HTTP URL for the MA)."""
-    name = getattr(daemon, "name", "?")
-    address = getattr(daemon, "address", None) or getattr(daemon, "bind_address", "?")
-    parent = getattr(daemon, "parent", None)
-    kind = getattr(daemon, "kind", None)
-    services = getattr(daemon, "services", None)
-    if kind is None and isinstance(services, dict):
-        label = "SeD"
-    else:
-        label = {"ma": "Master Agent", "la": "Local Agent", "sed": "SeD"}.get(kind, type(daemon).__name__)
-    what = f"{label} {name}"
-    replicas = getattr(daemon, "replicas", None)
-    if isinstance(replicas, dict) and len(replicas) > 1:
-        names = list(replicas)
-        what += f" ({len(names)} replicas {names[0]}..{names[-1]})"
-    line = f"{what} serving"
-    if isinstance(services, dict):
-        names = sorted(services)
-        shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
-        line += f" {shown or 'no service'}"
-    line += f" at {address}"
-    if parent:
-        line += f" under parent {parent}"
-    elif kind != "ma":
-        line += " with no parent (clients reach it only by its address)"
-    http = getattr(daemon, "http", None)
-    if http is not None and getattr(http, "url", None):
-        line += f"; HTTP status at {http.url}"
-    return line
 
 
 def _say(line: str) -> None:
@@ -94,9 +69,10 @@ def raise_descriptor_limit(wanted: int = WANTED_DESCRIPTORS) -> int:
     return soft
 
 
-def run_daemon(daemon, ready: "callable | None" = None) -> None:
-    """Serve until SIGTERM (returns) or SIGINT (exits 130 after a clean stop).
-    Exceptions from ``daemon.start()`` propagate after ``aclose()``."""
+def run_daemon(daemon: "Daemon", ready: "Callable[[Daemon], None] | None" = None) -> None:
+    """Serve until SIGTERM (returns), SIGINT (exits 130 after a clean stop)
+    or the daemon closes itself (returns). Exceptions from ``daemon.start()``
+    propagate once it is closed again."""
     got: list[int] = []
     raise_descriptor_limit()
 
@@ -110,23 +86,13 @@ def run_daemon(daemon, ready: "callable | None" = None) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
-        try:
-            await daemon.start()
-        except BaseException:
-            try:
-                await daemon.aclose()      # release what start() bound before failing
-            except Exception:  # noqa: BLE001 - the start error is the one to report
-                log.debug("closing after a failed start", exc_info=True)
-            raise
+        await daemon.start()       # closes the daemon again if it fails
         try:
             settle_gc()
-            _say(describe(daemon))
+            _say(daemon.describe())
             if ready:
                 ready(daemon)
-            closed = getattr(daemon, "closed", None)
-            waiters = [asyncio.ensure_future(stop.wait())]
-            if isinstance(closed, asyncio.Event):
-                waiters.append(asyncio.ensure_future(closed.wait()))
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(daemon.closed.wait())]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for w in waiters:
                 w.cancel()

@@ -15,13 +15,18 @@
     │   └── CallPreempted         killed by the server's fair queue for a mandatory call
     ├── MessageTooLarge           a message exceeds the configured maximum size
     ├── InvalidArgument           a value gridrpc cannot send (object arrays, ...)
+    ├── Refused                   refused by a rule (authorization, a per-user limit, a name taken)
     ├── RemoteError               the service raised; .remote_type, .remote_traceback
     │   └── WorkerDied            the worker process running the call died
+    ├── ResultGone                the call ran, but the server no longer keeps its answer
     └── DataError                 a data reference cannot be stored or used
         ├── DataLost              freed, evicted, holder lost, producer failed (names ref + reason)
         └── DataAccessDenied      the reference belongs to another user
 
 Transport errors are translated to these in one place (``gridrpc.transport``).
+On the wire an error is a kind (a string); :data:`ERROR_KINDS` maps every
+kind to its exception, :func:`wire_kind` an exception to the kind it is
+answered with, :func:`error_from_wire` an ERROR reply back to the exception.
 """
 from __future__ import annotations
 
@@ -110,43 +115,10 @@ class WorkerDied(RemoteError):
     """The worker process running the call exited or crashed."""
 
 
-# wire error kinds -> exception classes (used by the client to rebuild errors)
-ERROR_KINDS: dict[str, type[GridRPCError]] = {
-    "remote": RemoteError,
-    "worker_died": WorkerDied,
-    "service_not_found": ServiceNotFound,
-    "no_server": NoServerAvailable,
-    "no_acceptable_server": NoServerAvailable,
-    "cancelled": CallCancelled,
-    "preempted": CallPreempted,
-    "protocol": ProtocolError,
-    "too_large": MessageTooLarge,
-    "invalid_argument": InvalidArgument,
-    "refused": Refused,
-    "communication": CommunicationError,
-    "server_lost": ServerLost,
-    "rebuilding": NoServerAvailable,
-    "busy": NoServerAvailable,
-    "peer_unreachable": CommunicationError,   # federation: a peer site could not be asked (not retried)            # a CALL with start_now found no free slot (the client tries another)      # a restarted MA still rebuilding its tree (retried by clients)
-    "timeout": Timeout,
-    "unavailable": NoServerAvailable,         # the server cannot run the call at all (never started)
-}
-
-
-def error_from_wire(err: dict, server: str | None = None) -> GridRPCError:
-    kind = err.get("kind", "remote")
-    msg = str(err.get("message", ""))
-    cls = ERROR_KINDS.get(kind, GridRPCError)
-    if cls is ServerLost:
-        cid = err.get("call_id")
-        return ServerLost(msg, server=server, call_id=cid if isinstance(cid, str) else None)
-    if issubclass(cls, RemoteError):
-        exc: GridRPCError = cls(msg, remote_type=str(err.get("type", "Exception")),
-                                remote_traceback=str(err.get("traceback", "")), server=server)
-    else:
-        exc = cls(msg)
-    exc.kind = kind if isinstance(kind, str) else "remote"     # the wire kind (e.g. "rebuilding")
-    return exc
+class ResultGone(GridRPCError):
+    """The call already ran on the server, but its answer is no longer kept
+    there (the byte-bounded result cache dropped it): a call repeated under
+    the same request id is never run a second time."""
 
 
 class DataError(GridRPCError):
@@ -162,29 +134,89 @@ class DataAccessDenied(DataError):
     """A data reference used by a user who does not own it."""
 
 
-ERROR_KINDS.update({"data": DataError, "data_lost": DataLost, "data_denied": DataAccessDenied,
-                    "authentication": AuthenticationError})
+#: Every wire error kind and the exception a client raises for it. The first
+#: kind naming a class is the one an error of that class is answered with
+#: (:func:`wire_kind`); the others are only read: ``no_acceptable_server``
+#: (no server met the request's constraints), ``rebuilding`` (a restarted MA
+#: still rebuilding its tree; clients retry), ``busy`` (a CALL with
+#: ``start_now`` found no free slot; the client tries another server),
+#: ``peer_unreachable`` (federation: a peer site could not be asked; not
+#: retried), ``unavailable`` (the server cannot run the call at all, e.g. a
+#: cloud SeD whose image does not exist: the call never started; the client
+#: tries its other candidates, then fails without a new discovery). ``internal``: a handler failed on something that is not a
+#: gridrpc error (a bug), or a bare :class:`GridRPCError`.
+ERROR_KINDS: dict[str, type[GridRPCError]] = {
+    "internal": GridRPCError,
+    "config": ConfigError,
+    "protocol": ProtocolError,
+    "service_not_found": ServiceNotFound,
+    "no_server": NoServerAvailable,
+    "no_acceptable_server": NoServerAvailable,
+    "rebuilding": NoServerAvailable,
+    "busy": NoServerAvailable,
+    "unavailable": NoServerAvailable,
+    "communication": CommunicationError,
+    "peer_unreachable": CommunicationError,
+    "authentication": AuthenticationError,
+    "server_lost": ServerLost,
+    "timeout": Timeout,
+    "cancelled": CallCancelled,
+    "preempted": CallPreempted,
+    "too_large": MessageTooLarge,
+    "invalid_argument": InvalidArgument,
+    "refused": Refused,
+    "remote": RemoteError,
+    "worker_died": WorkerDied,
+    "result_gone": ResultGone,
+    "data": DataError,
+    "data_lost": DataLost,
+    "data_denied": DataAccessDenied,
+}
 
-#: exception class -> its wire kind (the first kind of ERROR_KINDS naming the class)
-_KIND_OF: dict[type, str] = {cls: kind for kind, cls in reversed(ERROR_KINDS.items())}
+#: exception class -> the kind it is answered with (the first kind of :data:`ERROR_KINDS` naming it)
+KIND_OF: dict[type[GridRPCError], str] = {}
+for _kind, _cls in ERROR_KINDS.items():
+    KIND_OF.setdefault(_cls, _kind)
+del _kind, _cls
+
+
+def wire_kind(exc: BaseException) -> str:
+    """The wire kind an error is answered with: that of its class or nearest
+    base class in :data:`ERROR_KINDS` (``internal`` for anything not a
+    gridrpc error)."""
+    for cls in type(exc).__mro__:
+        kind = KIND_OF.get(cls)
+        if kind is not None:
+            return kind
+    return "internal"
+
+
+def error_from_wire(err: dict, server: str | None = None) -> GridRPCError:
+    """The exception for an ERROR reply's ``error`` object (the inverse of
+    :func:`wire_kind`); an unknown kind gives a :class:`GridRPCError`. The
+    exception's ``kind`` attribute keeps the wire kind (e.g. ``rebuilding``)."""
+    kind = err.get("kind", "remote")
+    msg = str(err.get("message", ""))
+    cls = ERROR_KINDS.get(kind, GridRPCError) if isinstance(kind, str) else GridRPCError
+    exc: GridRPCError
+    if cls is ServerLost:
+        cid = err.get("call_id")
+        exc = ServerLost(msg, server=server, call_id=cid if isinstance(cid, str) else None)
+    elif issubclass(cls, RemoteError):
+        exc = cls(msg, remote_type=str(err.get("type", "Exception")),
+                                remote_traceback=str(err.get("traceback", "")), server=server)
+    else:
+        exc = cls(msg)
+    exc.kind = kind if isinstance(kind, str) else "remote"
+    return exc
 
 
 def kind_of(exc: BaseException) -> str:
     """The wire kind of an error raised while discovering, for the call
     machine's ``DiscoveryFailed``: the kind an answer carried, else the
-    table's (``remote`` for anything not in it)."""
+    table's (``remote`` for anything not a gridrpc error)."""
     kind = getattr(exc, "kind", None)
     if isinstance(kind, str):
         return kind
     kind = wire_kind(exc)
     return "remote" if kind == "internal" else kind
-
-
-def wire_kind(exc: BaseException) -> str:
-    """The wire kind an error is answered with (``internal`` for anything not
-    a gridrpc error): the inverse of :data:`ERROR_KINDS`."""
-    for cls in type(exc).__mro__:
-        kind = _KIND_OF.get(cls)
-        if kind is not None:
-            return kind
-    return "internal"

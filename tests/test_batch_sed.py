@@ -291,7 +291,7 @@ def test_two_clusters_the_busy_one_loses(c1, slurm_cluster2, tmp_path):  # noqa:
                 client(ma=ma.address) as c:
             wait_until(lambda: len(lt.call(lambda: [e for e in ma.tree() if e.get("kind") == "sed"])) == 2,
                        10, "both SeDs registered")
-            wait_until(lambda: busy._snapshot.est_start and busy._snapshot.est_start > 300, 10,
+            wait_until(lambda: busy.snapshot.est_start and busy.snapshot.est_start > 300, 10,
                        "the busy cluster's estimate")
             for agg in ("least_wait_time", "least_slowdown"):
                 ranked = c.discover("add", 2, aggregator=agg)

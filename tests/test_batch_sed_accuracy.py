@@ -62,7 +62,7 @@ def test_estimate_accuracy(tmp_path_factory):
 
             def settle():       # a fresh snapshot after the last change
                 t = time.time()
-                wait_until(lambda: sed._snapshot.taken > t + 0.1, 10, "a fresh snapshot")
+                wait_until(lambda: sed.snapshot.taken > t + 0.1, 10, "a fresh snapshot")
 
             # A. idle cluster: the first call knows nothing, later ones use the user's history
             for i in range(3):

@@ -25,18 +25,17 @@ def _private_imports() -> list[str]:
     return out
 
 
-#: imports not yet made public (the SeD's call record and batch and cloud internals): this list only shrinks
+#: imports not yet made public (batch and cloud internals): this list only shrinks
 KNOWN = {
-    "gridrpc/sed/backends/__init__.py: _Call", "gridrpc/sed/batch/cli.py: _CLI_FLAGS", "gridrpc/sed/batch/cluster.py: _Job",
+    "gridrpc/sed/batch/cli.py: _CLI_FLAGS", "gridrpc/sed/batch/cluster.py: _Job",
     "gridrpc/sed/batch/jobs.py: _Job", "gridrpc/sed/batch/replies.py: _Job", "gridrpc/sed/batch/replies.py: _read_started",
     *(f"gridrpc/sed/batch/slurm.py: {n}" for n in ("_KV_SPLIT", "_NO_ESTIMATE_AFTER", "_RANGE_RE", "_STATE_MAP",
                                                      "_TEST_ONLY_RE", "_UNSET", "_int_or_none", "_job_info",
                                                      "_none_if_unset", "_parse_exit_pair", "_scontrol_fields")),
-    "gridrpc/sed/batch/state.py: _Call", "gridrpc/sed/calls_run.py: _Call", "gridrpc/sed/cloud/policy.py: _Call",
+    "gridrpc/sed/cloud/policy.py: _Call",
     "gridrpc/sed/cloud/provider.py: _SECRET_KEY",
     *(f"gridrpc/sed/cloud/provider.py: {n}" for n in ("_AUTH_CODES", "_NOT_FOUND_CODES", "_APIError", "_ec2_classes",
                                                         "_first", "_parse_endpoint")),
-    "gridrpc/sed/server.py: _Call", "gridrpc/sed/workers.py: _worker_main",
 }
 
 

@@ -188,10 +188,7 @@ def setup_logging(level: str) -> None:
 
 def ready_writer(path: str | None):
     def ready(d):
-        info = {"name": d.name, "address": d.address, "pid": os.getpid()}
-        http = getattr(d, "http", None)
-        if http is not None:
-            info["http"] = http.url
+        info = {**d.ready_info(), "pid": os.getpid()}
         print(f"READY {json.dumps(info)}", flush=True)
         if path:
             tmp = path + ".tmp"
@@ -272,11 +269,11 @@ def cmd_daemon(a: argparse.Namespace) -> int:
             if data:
                 from ..sed.data import DataConfig
                 hb["data"] = DataConfig(**data)
-            if getattr(a, "batch", None):
-                from ..sed.batch.cli import make_batch_sed
+            from ..sed.batch.cli import make_batch_sed, wants_batch
+            from ..sed.cloud.cli import make_cloud_sed, wants_cloud
+            if wants_batch(a):
                 d = make_batch_sed(a, address, hb)
-            elif getattr(a, "cloud_config", None) or getattr(a, "cloud", None):
-                from ..sed.cloud.cli import make_cloud_sed
+            elif wants_cloud(a):
                 d = make_cloud_sed(a, address, hb)
             else:
                 d = _plain_sed(a, address, hb)

@@ -72,7 +72,6 @@ _BAD_SERVICE_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 MAX_TIME = 1e11                      # year 5138: anything beyond is garbage
 MAX_DURATION = 1e7                   # 115 days
-_FIELDS = ("kind", "time", "element", "id", "user", "service", "server", "duration", "optional", "detail")
 
 
 class InvalidEvent(ValueError):

@@ -74,9 +74,6 @@ class CallState(enum.StrEnum):
     KILLED = "killed"          # preempted by a mandatory call (ethic queue)
 
 
-LIVE = frozenset({CallState.QUEUED, CallState.RUNNING})
-
-
 @dataclass(eq=False, kw_only=True)
 class CallRecord:
     """One call while it is live. Runtimes subclass it with what they need

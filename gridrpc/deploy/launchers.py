@@ -131,17 +131,6 @@ def wait_ready_file(launcher, started: "Started", pattern: str, timeout: float,
         time.sleep(interval)
 
 
-def _stop_each(launcher, started: Sequence["Started"], timeout: float) -> dict[int, str]:
-    """Fallback ``stop_many``: stop one by one, report errors as text."""
-    out: dict[int, str] = {}
-    for st in started:
-        try:
-            out[st.pid] = launcher.stop(st, timeout=timeout)
-        except LaunchError as exc:
-            out[st.pid] = f"error: {exc}"
-    return out
-
-
 @dataclass
 class BatchResult:
     """Outcome of one element of ``start_many``: ``started`` (None if it could

@@ -30,14 +30,12 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, GridRPCError  # noqa: F401 - GridRPCError: re-exported
-from .launchers import (  # noqa: F401 - LaunchError, NotReady, Started: re-exported
-    LaunchError, LocalLauncher, NotReady, SlurmLauncher, SSHHostConfig, SSHLauncher, Started)
-from .spec import LOCAL_HOSTS, DeploymentSpec, ElementSpec, HostSpec  # noqa: F401 - LOCAL_HOSTS: re-exported
-from .startup import (  # noqa: F401 - re-exported
-    READY_PATTERN, READY_RE, StartUp, nodes_cache, say, print_lock, allocation_nodes)
-from .state import (  # noqa: F401 - re-exported
-    DeployError, DeploymentState, first_line, format_status, host_key, state_root)
+from ..errors import ConfigError
+from .launchers import LocalLauncher, SlurmLauncher, SSHHostConfig, SSHLauncher, Started
+from .spec import DeploymentSpec, ElementSpec, HostSpec
+from .startup import StartUp, say, allocation_nodes
+from .state import (  # noqa: F401 - DeployError, format_status, state_root: what `gridrpc deploy` uses with Deployment
+    DeployError, DeploymentState, format_status, host_key, state_root)
 from .teardown import TearDown
 
 

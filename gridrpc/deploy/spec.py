@@ -55,9 +55,6 @@ from . import schema
 LOCAL_HOSTS = ("localhost", "local", "127.0.0.1")
 DEFAULT_ORPHAN_TIMEOUT = 30.0
 _UNSET = object()
-_HOST_KEYS = set(schema.HOST_KEYS)
-_TOP_KEYS = set(schema.TOP_KEYS)
-_SED_KEYS = set(schema.SED_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,12 +14,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from . import ssh_scripts as sh
-from .launchers import (  # noqa: F401 - shared launcher machinery
-    AuthenticationFailed,
+from .launchers import (
     BatchResult,
     ExitedImmediately,
-    HostKeyMismatch,
-    HostUnreachable,
     LaunchError,
     NotReady,
     PythonMissing,
@@ -29,13 +26,6 @@ from .launchers import (  # noqa: F401 - shared launcher machinery
     log_name,
 )
 from .ssh_client import SSHHostConfig, classify, close_master, open_script, run_script, ssh_argv
-# the names these had when they lived here
-from .ssh_scripts import MARK as _MARK  # noqa: F401
-from .ssh_scripts import RC_MODULE as _RC_MODULE
-from .ssh_scripts import RC_PYTHON as _RC_PYTHON
-from .ssh_scripts import RC_WORKDIR as _RC_WORKDIR
-from .ssh_scripts import SH_ALIVE as _SH_ALIVE  # noqa: F401
-from .ssh_scripts import rpath as _rpath  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +85,14 @@ class SSHLauncher:
 
     def _raise_preflight(self, returncode: int, output: str) -> None:
         c, out = self.config, output.strip()
-        if returncode == _RC_WORKDIR:
+        if returncode == sh.RC_WORKDIR:
             raise LaunchError(f"cannot create or enter workdir {c.workdir!r} on {self.host}", host=self.host)
-        if returncode == _RC_PYTHON:
+        if returncode == sh.RC_PYTHON:
             raise PythonMissing(f"python not found on {self.host}: {c.python_executable!r} "
                                 "does not exist or is not executable (set python/venv in the host config)",
                                 host=self.host)
-        if returncode == _RC_MODULE:
-            detail = out.split(f"{_MARK} module", 1)[-1].strip()
+        if returncode == sh.RC_MODULE:
+            detail = out.split(f"{sh.MARK} module", 1)[-1].strip()
             raise PythonMissing(f"python {c.python_executable!r} on {self.host} cannot import "
                                 f"{c.check_module!r} (install gridrpc there or set PYTHONPATH/venv):\n{detail}",
                                 host=self.host)
@@ -226,7 +216,7 @@ class SSHLauncher:
         if rc == 255 and not any(r.started for r in results.values()):
             raise classify(self.config, stderr)
         output = "\n".join(report.other) + stderr
-        if rc in (_RC_WORKDIR, _RC_PYTHON, _RC_MODULE):
+        if rc in (sh.RC_WORKDIR, sh.RC_PYTHON, sh.RC_MODULE):
             self._raise_preflight(rc, output)
         for i, (name, _) in enumerate(items):
             r = results[name]

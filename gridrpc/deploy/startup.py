@@ -164,11 +164,6 @@ class StartUp:
         if errors:
             raise errors[0]
 
-    def _start_one(self, e: ElementSpec) -> None:
-        errors = self._start_group([e])
-        if errors:
-            raise errors[0]
-
     def _start_group(self, group: list[ElementSpec]) -> list[GridRPCError]:
         """Start elements of one host and wait for their READY line."""
         host = group[0].host

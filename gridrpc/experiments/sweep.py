@@ -7,7 +7,6 @@ exists is skipped), sequential (runs must not compete for the CPU).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

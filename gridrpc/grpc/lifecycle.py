@@ -1,8 +1,6 @@
 """``grpc_initialize`` and ``grpc_finalize``."""
 from __future__ import annotations
 
-import asyncio
-
 from ..client import Call, Client
 from ..errors import Timeout
 from . import state as st

@@ -35,25 +35,30 @@ class MasterAgent(AgentRuntime):
         self.http = None
         writer = JsonlWriter(events_file) if events_file else None
         self.events = EventHub(writer=writer)     # the tree's events: /api/events, the dashboard, the file
+        self.on_cleanup(self.events.aclose)       # last: ends the streams, flushes the file
         self._asked: dict[str, tuple] = {}        # discovery id -> (time, user, service), bounded
         self._watch_answers = True
 
-    async def start(self) -> "MasterAgent":
-        await super().start()
+    async def setup(self) -> None:
+        await super().setup()
         if self.events.writer is not None:
             self.events.writer.start()
         if self.http_port is not None:
             from ..dashboard.http import StatusServer
             self.http = StatusServer(self, host=self.http_host, port=self.http_port, token=self.http_token)
+            self.on_cleanup(self.http.aclose)
             await self.http.start()
             self.state.info["http"] = self.http.url
-        return self
 
-    async def aclose(self) -> None:
-        if self.http:
-            await self.http.aclose()
-        await super().aclose()
-        await self.events.aclose()                 # idempotent: ends streams, flushes the file
+    def describe(self) -> str:
+        line = super().describe()
+        return line + f"; HTTP status at {self.http.url}" if self.http is not None else line
+
+    def ready_info(self) -> dict:
+        info = super().ready_info()
+        if self.http is not None:
+            info["http"] = self.http.url
+        return info
 
     # -- events: the MA's own, and its subtree's ----------------------------------------
     def _on_message(self, msg) -> None:

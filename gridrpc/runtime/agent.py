@@ -37,11 +37,12 @@ from ..transport.endpoint import DEFAULT_MAX_MESSAGE, Endpoint, Incoming
 from ..transport.parent_link import ParentLink, parent_link
 from ..transport.security import Security
 from .federation import PeerLinks
+from .lifecycle import Daemon
 
 log = logging.getLogger(__name__)
 
 
-class AgentRuntime:
+class AgentRuntime(Daemon):
     def __init__(self, *, name: str, address: str = "tcp://127.0.0.1:0", parent: str | None = None,
                  role: Role | None = None, hb_interval: float = 1.0, hb_timeout: float = 3.0,
                  discovery_budget: float = 2.0, orphan_timeout: float | None = None,
@@ -54,15 +55,12 @@ class AgentRuntime:
                  view_max_age: float | None = None) -> None:
         if view_max_age is not None and not (math.isfinite(view_max_age) and view_max_age >= 0):
             raise ValueError(f"view_max_age: a finite number of seconds >= 0, not {view_max_age!r}")
-        self.name = name
+        super().__init__(name=name, address=address, parent=parent, orphan_timeout=orphan_timeout)
         self.security = security
         self.parent_key = parent_key
-        self.bind_address = address
-        self.parent = parent
         self.hb_interval = hb_interval
         self.hb_timeout = hb_timeout
         self.discovery_budget = discovery_budget
-        self.orphan_timeout = orphan_timeout
         self.state = AgentState(
             AgentConfig(name=name, parent=parent, hb_interval=hb_interval, hb_timeout=hb_timeout,
                         discovery_budget=discovery_budget, rebuild_time=rebuild_time,
@@ -79,7 +77,6 @@ class AgentRuntime:
         self._watch_answers = False          # the MA: on_answer() sees every answer it sends
         self.outbox = EventOutbox()          # events from the subtree, relayed to the parent
         self.uplink: EventsUplink | None = None
-        self.address: str | None = None
         self.link: ParentLink | None = None
         self.peers = list(peers)            # federated MAs of other trees (gridrpc.runtime.federation)
         self.federation: PeerLinks | None = None
@@ -87,12 +84,9 @@ class AgentRuntime:
             self.federation = PeerLinks(name, self.peers, self._feed, security=security, peer_keys=peer_keys,
                                         max_message_size=max_message_size)
         self.started = time.time()
-        self.closed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._orphan_exit = False
-        self._closing = False
         self._view_resend: asyncio.TimerHandle | None = None     # _view_lost
 
     # -- what the dashboard, the tests and the tools read ----------------------------
@@ -124,9 +118,18 @@ class AgentRuntime:
         """SeD replicas of one process, grouped as one discovery message asks them."""
         return group_by_process(self.state.registry, names)
 
-    # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> "AgentRuntime":
+    # -- lifecycle (gridrpc.runtime.lifecycle) ---------------------------------------------
+    @property
+    def label(self) -> str:
+        return "Master Agent" if self.kind == "ma" else "Local Agent"
+
+    @property
+    def root(self) -> bool:
+        return self.state.role.root
+
+    async def setup(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.on_cleanup(self.endpoint.close)
         self.endpoint.start()
         self.address = self.endpoint.address
         self.state.info.update(kind=self.kind, address=self.address,
@@ -136,49 +139,29 @@ class AgentRuntime:
             self.link = parent_link(name=self.name, parent=self.parent, register_info=self._register_info,
                                    heartbeat_info=self._heartbeat_info, on_message=self._on_parent,
                                    hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
-                                   orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
+                                   orphan_timeout=self.orphan_timeout, on_orphaned=self.orphaned,
                                    security=self.security, parent_key=self.parent_key,
                                    on_attached=self._on_attached, on_view_missing=self._on_view_missing)
+            self.on_cleanup(self.link.aclose)
             self.link.start()
-        if self.link is not None:
             self.uplink = EventsUplink(self.name, self.outbox, self.link.send)
+            self.on_cleanup(self.uplink.aclose)
             self.uplink.start()
         if self.federation is not None:
+            self.on_cleanup(self.federation.close)
             self.federation.start()
+        self.on_cleanup(self._stop_timers)
         self._tick()
         log.info("%s (%s) listening on %s%s", self.name, self.kind, self.address,
                  f", parent {self.parent}" if self.parent else "")
-        return self
 
-    async def __aenter__(self):
-        return await self.start()
-
-    async def __aexit__(self, *exc):
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        self._closing = True
+    def _stop_timers(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._view_resend is not None:
             self._view_resend.cancel()
             self._view_resend = None
-        if self.uplink is not None:
-            await self.uplink.aclose()
-        if self.link:
-            await self.link.aclose()
-        if self.federation is not None:
-            self.federation.close()
-        self.endpoint.close()
-        self.closed.set()
-
-    def _orphaned(self) -> None:
-        if self._orphan_exit:            # called every heartbeat while orphaned: act once
-            return
-        self._orphan_exit = True
-        log.warning("%s: parent gone for more than %gs: exiting", self.name, self.orphan_timeout)
-        asyncio.get_running_loop().create_task(self.aclose())
 
     # -- the parent link's callbacks -------------------------------------------------------
     def _register_info(self) -> dict:
@@ -211,14 +194,14 @@ class AgentRuntime:
         ``VIEW_RESEND_S`` (not at once: a parent that is down would get the
         whole subtree every few ms; a parent that comes back gets them all
         anyway, ``_on_attached``)."""
-        if self._view_resend is not None or self._loop is None or self._closing:
+        if self._view_resend is not None or self._loop is None or self.closing:
             return
         log.info("%s: a VIEW to the parent was not sent: every snapshot goes up again in %.1fs",
                  self.name, self.VIEW_RESEND_S)
 
         def again():
             self._view_resend = None
-            if not self._closing:
+            if not self.closing:
                 self.state.view.resend_all(time.monotonic())
                 self._rearm()
         self._view_resend = self._loop.call_later(self.VIEW_RESEND_S, again)
@@ -278,7 +261,7 @@ class AgentRuntime:
 
     def _rearm(self) -> None:
         when = self.state.next_wakeup()
-        if (when is None or self._loop is None or self._closing
+        if (when is None or self._loop is None or self.closing
                 or (self._timer is not None and self._timer_at <= when)):
             return
         if self._timer is not None:

@@ -3,7 +3,7 @@
 
 A mixin of :class:`~gridrpc.sed.server.SeD` (which owns the endpoint, the
 replicas, the call records ``lifecycle`` and the execution back-end). Every
-call is one :class:`_Call` record in :class:`~gridrpc.core.sed_calls.SedCalls`,
+call is one :class:`LiveCall` record in :class:`~gridrpc.core.sed_calls.SedCalls`,
 from its arrival to its answer; a repeated request id is answered from there
 (see that module), never run twice.
 """
@@ -23,7 +23,7 @@ from ..core.events import EventKind
 from ..core.messages import MsgType
 from ..core.tally import tally
 from ..core.sed_calls import CallRecord, CallState, Expired, Fetch, Reacknowledge, Resend
-from ..errors import GridRPCError, InvalidArgument, ProtocolError
+from ..errors import GridRPCError, InvalidArgument, ProtocolError, wire_kind
 from ..transport.endpoint import Incoming
 from .calls_run import RunsMixin
 from .services import Service
@@ -41,7 +41,7 @@ PAUSE_CALLS = 256
 
 
 @dataclass(eq=False, kw_only=True)
-class _Call(CallRecord):
+class LiveCall(CallRecord):
     """A live call: its record plus what the runtime needs to run and answer it."""
     route: list
     replica: "Replica"
@@ -130,12 +130,12 @@ class CallsMixin(RunsMixin):
             svc.check(args, kwargs)
         except (ProtocolError, InvalidArgument) as exc:
             ex.remove_workdir(workdir)
-            kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
-            return self._reject(route, cid, kind, str(exc), type_=type(exc).__name__)
+            return self._reject(route, cid, wire_kind(exc), str(exc), type_=type(exc).__name__)
         now = time.time()
-        call = _Call(id=cid, sed=r.name, service=svc.name, user=user, owner=who,
-                     optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
-                     args=args, kwargs=kwargs, options=options, workdir=workdir, last_contact=now, arg_bytes=size)
+        call = LiveCall(id=cid, sed=r.name, service=svc.name, user=user, owner=who,
+                        optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
+                        args=args, kwargs=kwargs, options=options, workdir=workdir, last_contact=now,
+                        arg_bytes=size)
         self.stats["calls"] += 1
         r.last_solve = now
         log.debug("SeD %s: call %s %s from %s%s", r.name, cid, svc.name, call.user,
@@ -167,7 +167,7 @@ class CallsMixin(RunsMixin):
         else:
             self.endpoint.send(route, self._accepted(call))
 
-    def admit(self, call: _Call, now: float | None = None) -> None:
+    def admit(self, call: LiveCall, now: float | None = None) -> None:
         """Queue a call (also used by back-ends: calls recovered after a restart)."""
         now = time.time() if now is None else now
         self._event(EventKind.CALL_QUEUED, call, now)
@@ -177,7 +177,7 @@ class CallsMixin(RunsMixin):
             tally(self._arg_bytes, call.user, call.arg_bytes)
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
-    def _accepted(self, call: _Call, duplicate: bool = False) -> dict:
+    def _accepted(self, call: LiveCall, duplicate: bool = False) -> dict:
         h = m.make(MsgType.ACCEPTED, call.id, sed=call.replica.name)
         if duplicate:
             h["duplicate"] = True
@@ -187,7 +187,7 @@ class CallsMixin(RunsMixin):
         h.update(self.execution.ack_fields(call))
         return h
 
-    def _hold_ack(self, call: _Call, delay: float) -> None:
+    def _hold_ack(self, call: LiveCall, delay: float) -> None:
         """ACCEPTED in ``delay`` s unless the call is answered first; the held
         ACCEPTEDs of one slot (``ACK_SLOT``) go out together, one batch per client."""
         loop = asyncio.get_running_loop()

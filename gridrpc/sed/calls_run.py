@@ -28,7 +28,7 @@ from ..files import read_file
 from .backends import Outcome
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .calls import _Call
+    from .calls import LiveCall
     from .server import Replica
 
 log = logging.getLogger("gridrpc.sed.server")
@@ -77,7 +77,7 @@ class RunsMixin:
             if isinstance(a, Run):
                 if r.ahead is a.call:
                     r.ahead = None              # it starts: the back-end already has it
-                if not self._closing:
+                if not self.closing:
                     now = time.time()
                     if not a.call.svc.idempotent and a.call.route:
                         # tell the client before the work starts: from now on it is not moved elsewhere
@@ -91,7 +91,7 @@ class RunsMixin:
             elif isinstance(a, Drop):
                 self.answer(a.call, m.error_header(a.call.id, "cancelled", "call cancelled while queued",
                                                    **self.timing(a.call)), ok=False)
-        if r.ahead is None and not self._closing:
+        if r.ahead is None and not self.closing:
             self._send_ahead(r)
         self._view_changed(r)
         wake = self.lifecycle.next_wakeup(r.name, time.time())
@@ -123,7 +123,7 @@ class RunsMixin:
         r.timer = None
         self._apply(r, self.lifecycle.tick(r.name, time.time()))
 
-    def _stop(self, call: _Call, reason: str) -> None:
+    def _stop(self, call: LiveCall, reason: str) -> None:
         if reason == "preempted":
             self.stats["preempted"] += 1
         if not self.execution.kill(call) and call.task:
@@ -158,14 +158,14 @@ class RunsMixin:
                 log.warning("SeD %s: call %s of %s: client silent for %.0fs: left to finish, answer kept "
                             "(orphan)", call.replica.name, call.id, call.service, now - call.last_contact)
 
-    def timing(self, call: _Call) -> dict:
+    def timing(self, call: LiveCall) -> dict:
         t = {"received": call.received, "started": call.started, "ended": time.time()}
         more = self.execution.timing(call)
         if more:
             t.update(more)
         return {"server": call.replica.name, "timing": t}
 
-    async def _execute(self, call: _Call) -> None:
+    async def _execute(self, call: LiveCall) -> None:
         try:
             out = await self.execution.run(call)
         except asyncio.CancelledError:
@@ -176,7 +176,7 @@ class RunsMixin:
                                                             f"run the call: {exc}", traceback.format_exc()))
         self._ran(call, out)
 
-    def _ran(self, call: _Call, out: Outcome | None) -> None:
+    def _ran(self, call: LiveCall, out: Outcome | None) -> None:
         """A call's run ended (``out`` None: stopped, the runtime answered it): answer it."""
         if out is None or self.calls.get(call.id) is not call or call.state is not CallState.RUNNING:
             return                      # stopped: answered by Stop
@@ -190,7 +190,7 @@ class RunsMixin:
             r.failed += 1
         self.answer(call, header, buffers, ok=ok)
 
-    def _answer_of(self, call: _Call, out: Outcome) -> tuple[dict, list, bool]:
+    def _answer_of(self, call: LiveCall, out: Outcome) -> tuple[dict, list, bool]:
         timing = self.timing(call)
         if out.timing:
             timing["timing"].update(out.timing)
@@ -206,7 +206,7 @@ class RunsMixin:
         rtype, message, tb = out.error
         return m.error_header(call.id, out.kind, message, type_=rtype, traceback=tb, **timing), [], False
 
-    def answer(self, call: _Call, header: dict, buffers: list = (), *, ok: bool) -> None:
+    def answer(self, call: LiveCall, header: dict, buffers: list = (), *, ok: bool) -> None:
         """Answer a call that ended (any way) and close its record; the queue
         may start the next calls. Also for back-ends (e.g. at shutdown)."""
         if self.calls.get(call.id) is not call:
@@ -237,13 +237,13 @@ class RunsMixin:
         self._apply(call.replica, actions)
 
     # -- events (VizDIET's BEGIN_SOLVE / END_SOLVE...) ----------------------
-    def _event(self, kind: EventKind, call: _Call, now: float, *, duration: float | None = None,
+    def _event(self, kind: EventKind, call: LiveCall, now: float, *, duration: float | None = None,
                detail: str | None = None) -> None:
         self.outbox.emit(make_event(kind, now, call.replica.name, id=call.id, user=call.user,
                                     service=call.service, server=call.replica.name, duration=duration,
                                     optional=call.optional, detail=detail))
 
-    def _ended_event(self, call: _Call, header: dict, now: float) -> None:
+    def _ended_event(self, call: LiveCall, header: dict, now: float) -> None:
         ran = None if call.started is None else now - call.started
         if header.get("type") == _RESULT:
             return self._event(EventKind.CALL_FINISHED, call, now, duration=ran)

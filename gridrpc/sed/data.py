@@ -38,7 +38,7 @@ from ..core.datastore import DataStore, Mode, Where, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag, fetch_bytes
 from ..core.tally import tally
-from ..errors import DataAccessDenied, DataError, DataLost, ProtocolError
+from ..errors import DataError, DataLost, ProtocolError, wire_kind
 from ..transport.channel import Channel
 from ..transport.endpoint import Incoming
 from .data_bytes import HeldBytes, nbytes, value_nbytes
@@ -167,9 +167,7 @@ class SedData(HeldBytes, Fetching, CallData):
                                                      "replicas": [], "call": False}), user,
                                              wait=self.config.appear_grace)
         except DataError as exc:
-            kind = "data_denied" if isinstance(exc, DataAccessDenied) else "data_lost" if isinstance(
-                exc, DataLost) else "data"
-            self.sed.endpoint.reply(msg, m.error_header(msg.id, kind, str(exc), type_=type(exc).__name__))
+            self.sed.endpoint.reply(msg, m.error_header(msg.id, wire_kind(exc), str(exc), type_=type(exc).__name__))
             return
         finally:
             tally(self._replicating, user, -1)
@@ -190,9 +188,7 @@ class SedData(HeldBytes, Fetching, CallData):
                 tree, buffers, e = await self.local_value(ref, user, transfer=bool(h.get("transfer")), wait=wait)
                 mode = e.mode.value
         except DataError as exc:
-            kind = ("data_denied" if isinstance(exc, DataAccessDenied) else
-                    "data_lost" if isinstance(exc, DataLost) else "data")
-            self.sed.endpoint.reply(msg, m.error_header(msg.id, kind, str(exc), type_=type(exc).__name__))
+            self.sed.endpoint.reply(msg, m.error_header(msg.id, wire_kind(exc), str(exc), type_=type(exc).__name__))
             return
         size = sum(nbytes(b) for b in buffers)
         self.stats["served"] += 1
@@ -249,8 +245,7 @@ class SedData(HeldBytes, Fetching, CallData):
         try:
             freed = self.store.free(ref, user)
         except DataError as exc:
-            kind = "data_denied" if isinstance(exc, DataAccessDenied) else "data_lost"
-            self.sed.endpoint.reply(msg, m.error_header(msg.id, kind, str(exc), type_=type(exc).__name__))
+            self.sed.endpoint.reply(msg, m.error_header(msg.id, wire_kind(exc), str(exc), type_=type(exc).__name__))
             return
         if freed is not None:
             self._carry_out([freed])

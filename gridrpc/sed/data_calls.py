@@ -26,7 +26,7 @@ from ..core import messages as m
 from ..core.datastore import Mode, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag, find_refs, substitute
-from ..errors import DataAccessDenied, DataError, DataLost, InvalidArgument
+from ..errors import DataAccessDenied, DataError, DataLost, InvalidArgument, wire_kind
 from .data_bytes import value_nbytes
 
 _RESULT = MsgType.RESULT.value
@@ -87,8 +87,7 @@ class CallData:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure fails this call only, with a clear error
             self.resolving.pop(call.id, None)
-            kind = ("data_denied" if isinstance(exc, DataAccessDenied) else "data_lost" if isinstance(exc, DataLost)
-                    else "data" if isinstance(exc, DataError) else "protocol")
+            kind = wire_kind(exc) if isinstance(exc, DataError) else "protocol"
             return self._not_resolved(call, pinned, kind, f"call {call.id} ({call.service}) could not get its "
                                       f"data: {exc}", type(exc).__name__)
         self.resolving.pop(call.id, None)

@@ -42,11 +42,12 @@ from ..core.refs import refs_in_light
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
 from ..core.view import PushRule, load_key, sed_entry
 from ..errors import ConfigError
+from ..runtime.lifecycle import Daemon
 from ..transport.channel import host_of
 from ..transport.endpoint import Endpoint
 from ..transport.parent_link import ParentLink, parent_link
 from .backends import ExecutionBackend, make_backend
-from .calls import CallsMixin, _Call
+from .calls import CallsMixin, LiveCall
 from .data import DataConfig, SedData
 from .hostinfo import HostInfo
 from .services import ORPHAN_POLICIES, Service, load_spec, make_service
@@ -73,7 +74,7 @@ class Replica:
     ahead: Any = None           # the queued call sent ahead to the worker (ExecutionBackend.send_ahead)
 
 
-class SeD(CallsMixin):
+class SeD(CallsMixin, Daemon):
     """A server daemon offering services. See the README for the decorator API.
 
     ``isolation`` picks the execution back-end (``process``: worker
@@ -106,9 +107,7 @@ class SeD(CallsMixin):
             make_policy(queue, **(queue_options or {}))   # validate early: clear errors
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        self.name = name
-        self.parent = parent
-        self.bind_address = address
+        super().__init__(name=name, address=address, parent=parent, orphan_timeout=orphan_timeout)
         self.max_concurrent = max_concurrent
         self.queue_name = queue
         self.queue_options = queue_options or {}
@@ -120,7 +119,6 @@ class SeD(CallsMixin):
         self.max_arg_bytes_per_user = max_message_size if max_arg_bytes_per_user is None else max_arg_bytes_per_user
         if self.max_arg_bytes_per_user < 1:
             raise ConfigError("max_arg_bytes_per_user must be >= 1")
-        self.orphan_timeout = orphan_timeout
         self.orphan_call_timeout = orphan_call_timeout    # a call's client silent this long: orphaned
         self.services: dict[str, Service] = {}
         self.functions: dict[str, Callable] = {}       # service -> callable (what the workers run)
@@ -144,7 +142,6 @@ class SeD(CallsMixin):
                                  # 'too_large' answer; far bigger ones are cut at the socket
                                  max_message_size=max_message_size + FRAME_MARGIN, security=security)
         self.endpoint.around_read = (self._read_begin, self._read_end)
-        self.address: str | None = None
         self.host = HostInfo()
         self._tasks: list[asyncio.Task] = []
         self._bg: set[asyncio.Task] = set()
@@ -161,10 +158,12 @@ class SeD(CallsMixin):
         self._paused_calls = 0              # calls admitted since the queues were paused (calls.py)
         self._resume_timer: asyncio.TimerHandle | None = None   # queues resume after CANCEL_GRACE
         self.uplink: EventsUplink | None = None
-        self.closed = asyncio.Event()
-        self._closing = False
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
+        self.on_cleanup(shutil.rmtree, self.tmpdir, ignore_errors=True)
+        self.on_cleanup(self.endpoint.close)
+        self.on_cleanup(self.lifecycle.cache.drop_answers)   # nothing is answered any more: free them
         self.data = SedData(self, data)             # data held by reference (gridrpc.sed.data)
+        self.on_cleanup(self.data.close)
         self.endpoint.handlers.update(self.data.handlers())
         if execution is None:
             size = workers or max(2, replicas * max_concurrent)
@@ -175,7 +174,7 @@ class SeD(CallsMixin):
         self.execution.bind(self)
 
     @property
-    def calls(self) -> dict[str, _Call]:
+    def calls(self) -> dict[str, LiveCall]:
         """The live calls (queued, running) by request id."""
         return self.lifecycle.live
 
@@ -271,15 +270,14 @@ class SeD(CallsMixin):
             if r.link:
                 r.link.update()
 
-    # -- lifecycle ------------------------------------------------------
-    async def start(self) -> "SeD":
-        await self.execution.start()
-        try:
-            self.endpoint.start()
-        except BaseException:
-            await self.execution.close()
-            raise
+    # -- lifecycle (gridrpc.runtime.lifecycle) -----------------------------
+    label = "SeD"
+
+    async def setup(self) -> None:
+        await self.execution.start()            # closed by drain(), first of all
+        self.endpoint.start()
         self.address = self.endpoint.address
+        self.on_cleanup(self._stop_replicas)
         if self.parent:
             for r in self.replicas.values():
                 r.link = parent_link(
@@ -288,38 +286,37 @@ class SeD(CallsMixin):
                     heartbeat_info=lambda r=r: {"load": self._load(r)},
                     on_message=lambda mt, h, frames, r=r: self._on_parent(r, mt, h, frames),
                     hb_interval=self.hb_interval, hb_timeout=self.hb_timeout,
-                    orphan_timeout=self.orphan_timeout, on_orphaned=self._orphaned,
+                    orphan_timeout=self.orphan_timeout, on_orphaned=self.orphaned,
                     security=self.security, parent_key=self.parent_key,
                     on_view_missing=lambda names, r=r: self._view_asked(r, names))
                 r.link.start()
             first = next(iter(self.replicas.values()))     # the process's events go up one link
             self.uplink = EventsUplink(first.name, self.outbox, first.link.send)
+            self.on_cleanup(self._close_uplink)
             self.uplink.start()
+        self.on_cleanup(self._cancel_tasks)
         self._tasks.append(asyncio.get_running_loop().create_task(self._housekeeping()))
         log.info("SeD %s listening on %s with %d replica(s) (%s), services: %s", self.name, self.address,
                  len(self.replicas), self.execution.name, ", ".join(sorted(self.services)) or "(none)")
-        return self
 
-    async def __aenter__(self):
-        return await self.start()
+    async def drain(self) -> None:
+        """The back-end ends its calls while the socket is still open: it may
+        still answer them."""
+        await self.execution.close()
 
-    async def __aexit__(self, *exc):
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._closing:
-            return
-        self._closing = True            # from now on nothing new starts
-        await self.execution.close()    # the socket is still open: the back-end may answer calls
+    def _cancel_tasks(self) -> None:
         for t in [*self._tasks, *self._bg]:
             t.cancel()
         for c in list(self.calls.values()):
             if c.task:
                 c.task.cancel()
         self._acks.clear()              # held ACCEPTEDs: nothing more is acknowledged
-        if self.uplink is not None:
-            self.uplink.flush()             # the last events (a call cancelled at shutdown...)
-            await self.uplink.aclose()
+
+    async def _close_uplink(self) -> None:
+        self.uplink.flush()             # the last events (a call cancelled at shutdown...)
+        await self.uplink.aclose()
+
+    async def _stop_replicas(self) -> None:
         for r in self.replicas.values():
             if r.timer:
                 r.timer.cancel()
@@ -327,27 +324,31 @@ class SeD(CallsMixin):
                 r.push_timer.cancel()
             if r.link:
                 await r.link.aclose()
-        await self.data.close()
-        self.lifecycle.cache.drop_answers()     # nothing is answered any more: free them
-        self.endpoint.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-        self.closed.set()
 
-    def _orphaned(self) -> None:
-        if not any(r.scheduler.running for r in self.replicas.values()):
-            log.warning("SeD %s: parent gone for good and nothing running: exiting", self.name)
-            asyncio.get_running_loop().create_task(self.aclose())
+    def may_leave(self) -> bool:
+        """Orphaned: leave only once nothing runs."""
+        return not any(r.scheduler.running for r in self.replicas.values())
 
-    def run(self) -> None:
-        """Block serving until SIGINT/SIGTERM."""
-        from .._run import run_daemon
-        run_daemon(self)
+    def orphan_detail(self) -> str:
+        return " and nothing running"
+
+    def describe_title(self) -> str:
+        title = super().describe_title()
+        if len(self.replicas) > 1:
+            names = list(self.replicas)
+            title += f" ({len(names)} replicas {names[0]}..{names[-1]})"
+        return title
+
+    def describe_offer(self) -> str:
+        names = sorted(self.services)
+        shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        return f" {shown or 'no service'}"
 
     # -- tree -----------------------------------------------------------
     # -- pushed state (discovery from the view, gridrpc.core.view) --------------
     def _view_changed(self, r: Replica) -> None:
         """The replica's queue changed: push its snapshot soon (coalesced)."""
-        if r.link is None or self._closing:
+        if r.link is None or self.closing:
             return
         key = load_key(r.scheduler)
         at = r.push.changed(key, key[0], time.monotonic())
@@ -363,7 +364,7 @@ class SeD(CallsMixin):
         Not ``force``d (a coalesced change): nothing if the load came back
         to what was pushed last (a call shorter than the coalescing delay)."""
         r.push_timer = None
-        if r.link is None or self._closing or not getattr(self.execution, "push_estimation", False):
+        if r.link is None or self.closing or not getattr(self.execution, "push_estimation", False):
             return
         if not r.push.take(load_key(r.scheduler), force):
             return
@@ -381,7 +382,7 @@ class SeD(CallsMixin):
             self._push_view(r, force=True)
 
     def _register_info(self, r: Replica) -> dict:
-        if r.link is not None and not self._closing:       # after the REGISTER: the parent knows us then
+        if r.link is not None and not self.closing:       # after the REGISTER: the parent knows us then
             asyncio.get_running_loop().call_soon(self._push_view, r)
         info = {"kind": "sed", "address": self.address, "host": host_of(self.address) or socket.gethostname(),
                 "pid": os.getpid(), "started": self.started,

@@ -52,7 +52,7 @@ class CallInterrupted(BaseException):
     does not swallow it)."""
 
 
-def _worker_main(conn, services: dict[str, Callable], inherited: list, limits: ShmLimits, stop=None,
+def worker_main(conn, services: dict[str, Callable], inherited: list, limits: ShmLimits, stop=None,
                  skip=None) -> None:
     # the SeD's objects copied by fork are never collected here (some point
     # into its segments, which are not mapped in this process)

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from .shm import OwnSegments, ShmError, ShmLimits
 from .worker_link import Link
-from .worker_proc import CallInterrupted, _worker_main  # noqa: F401 - CallInterrupted: re-exported
+from .worker_proc import CallInterrupted, worker_main  # noqa: F401 - CallInterrupted: re-exported
 
 log = logging.getLogger(__name__)
 _CTX = mp.get_context("fork")
@@ -126,7 +126,7 @@ class WorkerPool:
         inherited = [parent] + [w.link for w in self.workers]
         stop = _CTX.RawValue("q", 0)
         skip = _CTX.RawValue("q", 0)
-        proc = _CTX.Process(target=_worker_main, daemon=True,
+        proc = _CTX.Process(target=worker_main, daemon=True,
                             args=(child, self.services, inherited, self.limits, stop, skip))
         # the child starts with SIGUSR1 blocked until it has its handler: an interrupt sent to a
         # worker forked for the call it carries (a cancel right after the submit) killed it

@@ -372,7 +372,7 @@ class Endpoint:
         except (ProtocolError, InvalidArgument, ValueError) as exc:
             # a field the schema does not cover was malformed: the sender's fault
             self.stats.bad_messages += 1
-            kind = "invalid_argument" if isinstance(exc, InvalidArgument) else "protocol"
+            kind = wire_kind(exc) if isinstance(exc, GridRPCError) else "protocol"
             self.bad_log(logging.WARNING, "%s: bad %s %s: %s", self.name, msg.type.value, msg.id, exc)
             self.reply_error(msg, kind, f"bad {msg.type.value}: {exc}")
         except GridRPCError as exc:

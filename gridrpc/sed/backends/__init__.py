@@ -43,7 +43,8 @@ from ...errors import ConfigError
 from ...files import FileSink
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..server import Replica, SeD, _Call
+    from ..calls import LiveCall
+    from ..server import Replica, SeD
     from ..services import Service
 
 __all__ = ["ExecutionBackend", "BaseBackend", "Outcome", "BACKENDS", "register_backend", "make_backend"]
@@ -103,33 +104,33 @@ class ExecutionBackend(Protocol):
         """Per-call options: ``(service kwargs, options)`` (batch: ``_batch``;
         cloud: the frames to relay). InvalidArgument on bad options."""
 
-    def ack_fields(self, call: "_Call") -> dict:
+    def ack_fields(self, call: "LiveCall") -> dict:
         """More fields of ACCEPTED (batch: ``patience``)."""
 
-    async def run(self, call: "_Call") -> Outcome | None:
+    async def run(self, call: "LiveCall") -> Outcome | None:
         """Run the call; None if it was stopped (its answer is the runtime's)."""
 
-    def start_now(self, call: "_Call", done: Callable[["Outcome | None"], None]) -> bool:
+    def start_now(self, call: "LiveCall", done: Callable[["Outcome | None"], None]) -> bool:
         """Start the call at once without a task, if the back-end can: then
         ``done(outcome)`` is called when it ends (as :meth:`run` would
         return). False: the runtime runs :meth:`run` in a task."""
 
-    def send_ahead(self, call: "_Call", after: "_Call") -> bool:
+    def send_ahead(self, call: "LiveCall", after: "LiveCall") -> bool:
         """Hand over ``call``, still queued, to run right after ``after`` (the
         only running call) where ``after`` runs, before the server has seen
         ``after`` end (a worker kept hot). The server then starts it with
         :meth:`start_now` or withdraws it with :meth:`kill`. False: nothing
         was handed over."""
 
-    def kill(self, call: "_Call") -> bool:
+    def kill(self, call: "LiveCall") -> bool:
         """Stop a running call (cancel, preemption), or withdraw one sent
         ahead. True if the back-end ends the run itself; False: the runtime
         cancels the task running it."""
 
-    def timing(self, call: "_Call") -> dict:
+    def timing(self, call: "LiveCall") -> dict:
         """More timing fields of the answer (batch: the job's)."""
 
-    def finished(self, call: "_Call", header: dict, frames: list, delivered: bool) -> None:
+    def finished(self, call: "LiveCall", header: dict, frames: list, delivered: bool) -> None:
         """The call was answered (``delivered``: the client got it)."""
 
     def remove_workdir(self, workdir: str) -> None:

@@ -107,8 +107,6 @@ class BatchSeD(SeD):
         """The latest cluster snapshot behind the estimates (:class:`~.estimate.ClusterSnapshot`)."""
         return self.execution._snapshot
 
-    _snapshot = snapshot            # the name tests and tools used before the back-end split
-
     @property
     def _replica(self):
         return next(iter(self.replicas.values()))

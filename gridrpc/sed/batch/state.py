@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import messages as m
-from ..calls import _Call
+from ..calls import LiveCall
 from ..services import Service
 from . import jobfiles
 from .base import JobInfo
@@ -213,8 +213,8 @@ class StateDirMixin:
                 self._keep_reply(job, header, [m.dumps(header)])
                 continue
             svc = sed.services.get(job.service) or Service(name=job.service, fn=_runs_as_job)
-            call = _Call(id=cid, sed=r.name, service=job.service, user=job.user, received=job.received,
-                         route=[], replica=r, svc=svc, args=[], kwargs={}, options=dict(job.options))
+            call = LiveCall(id=cid, sed=r.name, service=job.service, user=job.user, received=job.received,
+                            route=[], replica=r, svc=svc, args=[], kwargs={}, options=dict(job.options))
             call.started = job.started or job.submitted
             self._jobs[cid] = job
             if job.job_id:

@@ -40,6 +40,11 @@ class EventKind(str, Enum):
     JOB_STATE = "job_state"                    # batch SeD: the call's job changed state (id, detail: state)
     VM_STARTED = "vm_started"                  # cloud SeD started a VM (detail: VM id), duration = boot time
     VM_STOPPED = "vm_stopped"                  # cloud SeD stopped a VM (detail)
+    PILOT_STARTED = "pilot_started"            # pilot batch SeD: a pilot's SeD registered (detail: pilot, job)
+    PILOT_DRAINING = "pilot_draining"          # ... a pilot near its walltime takes no more calls (detail)
+    PILOT_STOPPED = "pilot_stopped"            # ... a pilot left: idle, drained, lost (detail: why)
+    PILOTS_PAUSED = "pilots_paused"            # ... submissions paused after failures in a row (detail: last error)
+    PILOTS_RESUMED = "pilots_resumed"          # ... submissions resumed after a pause
 
 
 _KINDS = {k.value: k for k in EventKind}

@@ -16,12 +16,15 @@ back-end        runs a call                                           trade-offs
                                                                       cannot stop a thread
 ``batch``       as a job of a batch scheduler (Slurm, SGE, OAR:       whole clusters; a job
                 :mod:`gridrpc.sed.batch.jobs`)                        per call (seconds)
+``pilot``       on SeDs inside pilot jobs of a batch scheduler        many short calls per
+                (:mod:`gridrpc.sed.batch.pilots`)                     job; idle pilots hold
+                                                                      allocations a while
 ``cloud``       on VMs the SeD starts and stops                       elastic, priced; boot
                 (:mod:`gridrpc.sed.cloud.vms`)                        times
 ==============  ====================================================  ======================
 
 ``process`` and ``inline`` are registered by name (``SeD(isolation=...)``);
-the batch and cloud back-ends need their configuration and are built by
+the batch (and pilot) and cloud back-ends need their configuration and are built by
 :class:`~gridrpc.sed.batch.sed.BatchSeD` and
 :class:`~gridrpc.sed.cloud.sed.CloudSeD`, which are SeDs with that back-end.
 
@@ -72,7 +75,7 @@ class Outcome:
 @runtime_checkable
 class ExecutionBackend(Protocol):
     """Runs a SeD's calls. Members in the order of a call's life."""
-    name: ClassVar[str]              # registry name: process | inline | batch | cloud
+    name: ClassVar[str]              # registry name: process | inline | batch | pilot | cloud
     server_type: str                 # estimation tag: serial | batch | cloud
     ack_delay: float                 # s; 0: ACCEPTED at once (else a quick RESULT stands for it)
     linger_answers: bool             # answers may wait up to 1 ms to go as a batch (messages.linger):

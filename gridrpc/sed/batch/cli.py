@@ -9,6 +9,7 @@ import argparse
 
 from ...errors import ConfigError
 from .config import _CLI_FLAGS, parse_batch_config
+from .pilot_config import PILOT_FLAGS
 from .registry import scheduler_names
 
 _HELP = {
@@ -37,6 +38,27 @@ _HELP = {
     "restart_grace": "seconds clients wait for a silent (restarting) batch SeD (default 120)",
     "result_retention": "seconds an answer nobody fetched is kept on disk (default 7 days)",
     "lost_after": "seconds a job unknown to the scheduler, without result, is waited for (default 60)",
+    "pilot": "run the calls on pilots: jobs that each start a SeD serving many calls (see the --pilot-* flags)",
+}
+
+_PILOT_HELP = {
+    "min_pilots": "pilots kept even when idle (default 0)",
+    "max_pilots": "pilot jobs in the scheduler at once, pending, running or draining (default 4)",
+    "backlog": "calls without a slot, counting the pilots on their way, that submit one more pilot (default 1)",
+    "cores": "CPUs per pilot job = calls a pilot runs at once (default 1)",
+    "idle_timeout": "seconds a pilot without calls stays before it leaves, down to --pilot-min (default 60)",
+    "walltime": "walltime of a pilot job: seconds or [D-]HH:MM:SS (default 3600)",
+    "max_call_time": "declared longest call, s: a pilot takes a call only if this fits before its walltime "
+                     "(default: the service's estimated time)",
+    "drain_margin": "seconds kept between a call's expected end and its pilot's walltime (default 5)",
+    "start_timeout": "seconds a running pilot job may take to register its SeD before it is cancelled (default 300)",
+    "start_guess": "seconds from a job's start to its SeD registered, until one was measured (default 10)",
+    "max_submit_failures": "failed submissions or starts in a row that pause the pilot manager (default 3)",
+    "pause": "seconds a paused pilot manager submits nothing (default 300)",
+    "host": "address a pilot's SeD binds on its node (default 0.0.0.0, advertised by host name)",
+    "sed_args": "more gridrpc sed arguments of the pilots (repeatable; write --pilot-sed-arg=--insecure); "
+                "a pilot host that is not loopback needs --insecure (the pilots' link has no CURVE yet)",
+    "listen": "address the pilots register at, tcp://HOST:PORT (default: this SeD's host, a free port)",
 }
 
 
@@ -48,7 +70,18 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         if name == "scheduler":
             continue
         dest = f"batch_{name}"
-        if name == "submit_options":
+        if name == "pilot":
+            g.add_argument(flag, dest=dest, action="store_true", default=None, help=_HELP[name])
+            for key, pflag in PILOT_FLAGS.items():
+                if key == "sed_args":
+                    g.add_argument(pflag, dest=f"pilot_{key}", action="append", default=None, metavar="ARG",
+                                   help=_PILOT_HELP[key])
+                    continue
+                g.add_argument(pflag, dest=f"pilot_{key}", default=None, metavar=key.split("_")[-1].upper(),
+                               help=_PILOT_HELP[key])
+            g.add_argument("--pilot-dry-run", dest="pilot_dry_run", action="store_true",
+                           help="print the script of a pilot job and exit (nothing is submitted)")
+        elif name == "submit_options":
             g.add_argument(flag, "--sbatch-option", dest=dest, action="append", default=[], metavar="OPTION",
                            help=_HELP[name])
         elif name in ("env", "job_env", "scheduler_options"):
@@ -73,7 +106,26 @@ def batch_settings_from_args(a: argparse.Namespace) -> dict:
         if v is None or v == []:
             continue
         data[name] = v
+    pilot = {key: getattr(a, f"pilot_{key}") for key in PILOT_FLAGS if getattr(a, f"pilot_{key}", None) is not None}
+    if data.get("pilot"):
+        data["pilot"] = pilot
+    elif pilot or getattr(a, "pilot_dry_run", False):
+        raise ConfigError("the --pilot-* flags need --pilot")
     return data
+
+
+def _dry_run(sed) -> None:
+    """Print the script of the SeD's next pilot job (``--pilot-dry-run``)."""
+    import sys
+    from .pilots import pilot_job_spec
+    ex = sed.execution
+    spec = pilot_job_spec(sed.config, ex.scheduler, pilot=f"{sed.name}.pXXXX-1", manager=sed.name,
+                          parent="tcp://<this SeD's pilot agent>", services=ex.targets,
+                          workdir=f"{ex.pilots_dir}/{sed.name}.pXXXX-1")
+    sys.stdout.write(f"# pilot job of batch SeD {sed.name} on {sed.config.scheduler} "
+                     f"(dry run: nothing submitted)\n{spec.script}")
+    if not spec.script.endswith("\n"):
+        sys.stdout.write("\n")
 
 
 def make_batch_sed(a: argparse.Namespace, address: str, hb: dict):
@@ -93,4 +145,7 @@ def make_batch_sed(a: argparse.Namespace, address: str, hb: dict):
         spec, options = split_spec_options(spec)     # [NAME=]MODULE:FUNC[,idempotent=false][,on_orphan=kill]
         name, _, target = spec.rpartition("=")
         sed.add_service(name or target.rsplit(":", 1)[-1], target, **options)
+    if getattr(a, "pilot_dry_run", False):
+        _dry_run(sed)
+        raise SystemExit(0)
     return sed

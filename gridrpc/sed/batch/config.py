@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ...errors import ConfigError, InvalidArgument
+from .pilot_config import PilotConfig, parse_pilot_config, pilot_to_cli
 from .registry import check_scheduler_options, get_scheduler
 
 __all__ = ["BatchConfig", "parse_batch_config", "parse_duration", "parse_call_request",
@@ -61,6 +62,7 @@ class BatchConfig:
     restart_grace: float = 120.0           # clients wait this long for a restarting SeD (s)
     result_retention: float = 7 * 86400.0  # undelivered results kept on disk this long (s)
     lost_after: float = 60.0               # a job the scheduler forgot, without result, fails after (s)
+    pilot: PilotConfig | None = None       # pilots: calls run on SeDs inside pilot jobs (None: a job per call)
 
     @property
     def state_root(self) -> str:
@@ -159,7 +161,7 @@ def parse_batch_config(data: Mapping[str, Any], *, what: str = "batch SeD",
         name = _ALIASES.get(key, key)
         if name not in known:
             raise ConfigError(f"{what}: unknown batch setting {key!r}; known: {', '.join(sorted(known))}")
-        if value is None and name not in _DURATIONS + ("partition", "account", "bin_dir"):
+        if value is None and name not in _DURATIONS + ("partition", "account", "bin_dir", "pilot"):
             continue
         if name in out:
             raise ConfigError(f"{what}: {key!r} repeats another key's setting ({name})")
@@ -202,6 +204,8 @@ def parse_batch_config(data: Mapping[str, Any], *, what: str = "batch SeD",
             out[k] = str(out[k])
     if "cancel_on_exit" in out and not isinstance(out["cancel_on_exit"], bool):
         raise ConfigError(f"{what}: cancel_on_exit must be true or false")
+    if "pilot" in out:
+        out["pilot"] = parse_pilot_config(out["pilot"], what=what)
     scheduler = out.get("scheduler", DEFAULT_SCHEDULER)
     get_scheduler(scheduler, what=what)       # ConfigError listing the known ones
     out["scheduler_options"] = check_scheduler_options(scheduler, out.get("scheduler_options"), what=what)
@@ -276,7 +280,9 @@ def config_to_cli(c: BatchConfig) -> list[str]:
         v = getattr(c, name)
         if name == "scheduler" or v == getattr(default, name):
             continue
-        if name == "submit_options":
+        if name == "pilot":
+            args += pilot_to_cli(v)
+        elif name == "submit_options":
             args += [f"--submit-option={o}" for o in v]
         elif name in ("env", "job_env", "scheduler_options"):
             for k, val in v.items():
@@ -301,5 +307,5 @@ _CLI_FLAGS = {
     "job_env": "--job-env", "bin_dir": "--batch-bin-dir", "command_timeout": "--command-timeout",
     "cancel_timeout": "--cancel-timeout", "cancel_on_exit": "--cancel-on-exit",
     "restart_grace": "--restart-grace", "result_retention": "--result-retention",
-    "lost_after": "--lost-after",
+    "lost_after": "--lost-after", "pilot": "--pilot",
 }

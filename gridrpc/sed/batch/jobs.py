@@ -71,7 +71,24 @@ def importable_target(fn) -> str:
     return f"{mod}:{qual}"
 
 
-class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
+class ImportableServices:
+    """Services of a back-end whose calls run in other processes that import
+    them: each one is kept as ``module:function`` in ``targets`` (a function
+    given here must be importable there)."""
+    targets: dict[str, str]
+
+    def check_service(self, name, fn) -> None:
+        if not isinstance(fn, str):
+            importable_target(fn)
+
+    def services_changed(self, name, fn) -> None:
+        if fn is None:
+            self.targets.pop(name, None)
+        else:
+            self.targets[name] = fn if isinstance(fn, str) else importable_target(fn)
+
+
+class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
     """Calls as batch jobs (see the module doc). Trade-offs: whole clusters
     behind one SeD, the scheduler's policies and accounting apply; a job per
     call costs seconds (submission, scheduling, start), so it suits calls of
@@ -107,17 +124,6 @@ class BatchJobs(StateDirMixin, JobOutcomeMixin, ClusterViewMixin, BaseBackend):
         self._cmd_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix=f"{sed_name}-batch-cmd")
         self._watch_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=f"{sed_name}-batch-poll")
         self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"{sed_name}-batch-io")
-
-    # ------------------------------------------------------------------ services
-    def check_service(self, name, fn) -> None:
-        if not isinstance(fn, str):
-            importable_target(fn)
-
-    def services_changed(self, name, fn) -> None:
-        if fn is None:
-            self.targets.pop(name, None)
-        else:
-            self.targets[name] = fn if isinstance(fn, str) else importable_target(fn)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:

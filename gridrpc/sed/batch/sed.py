@@ -3,7 +3,9 @@ Grid Engine, OAR, or one registered by a site).
 
 To the tree it is one SeD (``server_type: batch``) offering services; it runs
 none itself: its execution back-end is :class:`~gridrpc.sed.batch.jobs.BatchJobs`
-(each call one job; see that module and ``docs/batch.md``). Everything else
+(each call one job; see that module and ``docs/batch.md``), or, with
+``config.pilot`` set, :class:`~gridrpc.sed.batch.pilots.PilotJobs` (calls
+relayed to SeDs running inside pilot jobs). Everything else
 (queue, duplicates, pings, cancel, parent link, estimation entry point) is
 the plain SeD runtime's. The modules of this package:
 
@@ -16,7 +18,9 @@ the plain SeD runtime's. The modules of this package:
 - :mod:`.state` its state directory (restarts, kept answers), :mod:`.replies`
   how a job's end becomes the call's answer, :mod:`.cluster` the cluster
   snapshot behind the estimates (:mod:`.estimate`, pure);
-- :mod:`.jobfiles` the files of a call, :mod:`.run_job` what a job runs.
+- :mod:`.jobfiles` the files of a call, :mod:`.run_job` what a job runs;
+- :mod:`.pilots` the pilot back-end, :mod:`.pilot_policy` its pure policy,
+  :mod:`.pilot_config` its settings.
 """
 from __future__ import annotations
 
@@ -54,10 +58,15 @@ class BatchSeD(SeD):
             from . import make_backend
             backend = make_backend(config.scheduler, **config.backend_options())
         extra = {} if max_message_size is None else {"max_message_size": max_message_size}
+        if config.pilot is not None:
+            from .pilots import PilotJobs
+            execution = PilotJobs(name, config, backend)
+        else:
+            execution = BatchJobs(name, config, backend)
         super().__init__(name, parent, address=address, max_concurrent=config.max_jobs, queue=queue,
                          replicas=1, hb_interval=hb_interval, hb_timeout=hb_timeout,
                          orphan_timeout=orphan_timeout, seed=seed, queue_options=queue_options,
-                         result_cache_bytes=result_cache_bytes, execution=BatchJobs(name, config, backend),
+                         result_cache_bytes=result_cache_bytes, execution=execution,
                          **extra, **common)
 
     # the batch back-end's settings and state, as attributes of the SeD

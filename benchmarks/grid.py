@@ -37,6 +37,8 @@ PINNED_ITEMS = ("call_bound_pinned", "throughput_bound_pinned")
 # the same tree with CURVE on every link; each compared with its plain item of the same run
 CURVE_ITEMS = ("call_discovery_curve", "call_bound_curve", "throughput_bound_curve", "array_8mb_curve")
 PLAIN_OF = {i: i.removesuffix("_curve") for i in CURVE_ITEMS}
+# the blocking Client's items, each compared with its AsyncClient item of the same run
+ASYNC_OF = {"call_discovery_sync": "call_discovery", "call_bound_sync": "call_bound"}
 
 
 class CpuProbe:

@@ -158,6 +158,13 @@ TARGETS = [
     Target("curve_8mb", "CURVE 8 MB round trip: <= 1.10x the plain round trip (same run)", "array_8mb_curve",
            _t(lambda r: security_ratio(r, "array_8mb_curve", "bw") <= 1.10),
            lambda r: f"{security_ratio(r, 'array_8mb_curve', 'bw'):.2f}x plain"),
+    Target("blocking_discovery_call", "blocking Client, call with discovery: <= 1.1x the AsyncClient's "
+           "(same run)", "call_discovery_sync",
+           _t(lambda r: med(r, "call_discovery_sync") <= 1.1 * med(r, "call_discovery")),
+           lambda r: f"{med(r, 'call_discovery_sync') / med(r, 'call_discovery'):.2f}x AsyncClient"),
+    Target("blocking_bound_call", "blocking Client, bound call: <= 1.1x the AsyncClient's (same run)",
+           "call_bound_sync", _t(lambda r: med(r, "call_bound_sync") <= 1.1 * med(r, "call_bound")),
+           lambda r: f"{med(r, 'call_bound_sync') / med(r, 'call_bound'):.2f}x AsyncClient"),
     Target("discovery_100", "discovery with 100 SeDs: median <= 15 ms", "discovery_100",
            _t(lambda r: med(r, "discovery_100") <= 15.0), lambda r: f"{med(r, 'discovery_100'):.2f} ms"),
     # discovery from pushed state (issue #12, benchmarks/view.py)

@@ -57,7 +57,9 @@ def select(only: str | None) -> set[str]:
         else:
             raise SystemExit(f"unknown benchmark {name!r}; items: {', '.join(ALL_ITEMS)}; "
                              f"groups: {', '.join([*GROUPS, *ALIASES])}")
-    return out | {grid.PLAIN_OF[i] for i in out if i in grid.PLAIN_OF}     # ratios from one run
+    # ratios from one run: a CURVE item brings its plain item, a blocking-client item its asyncio one
+    return out | {grid.PLAIN_OF[i] for i in out if i in grid.PLAIN_OF} | {grid.ASYNC_OF[i] for i in out
+                                                                          if i in grid.ASYNC_OF}
 
 
 def _peer(which: str, quick: bool, timeout: float) -> dict:

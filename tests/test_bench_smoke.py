@@ -191,3 +191,21 @@ def test_load_rows_report_failures_and_the_ratio():
     assert "2 failed, 64 clients in 2 processes (busiest at 41 % of a core)" in text
     res["load_discovery"]["calls_per_s"] = {"median": 700.0}
     assert {t["key"]: t["status"] for t in report.evaluate(res)}["load_discovery_08"] == "SHORT"
+
+
+def test_blocking_client_rows_bring_their_async_rows_and_targets():
+    """A blocking-client item selects its AsyncClient item too (one run), and
+    the targets compare the two: within 1.1x passes, beyond it falls short.
+    No process started."""
+    from benchmarks import report, suite
+    assert suite.select("call_bound_sync") == {"call_bound", "call_bound_sync"}
+    assert suite.select("call_discovery_sync") == {"call_discovery", "call_discovery_sync"}
+    res = {"call_discovery": {"median_ms": 0.50, "p99_ms": 1.0},
+           "call_discovery_sync": {"median_ms": 0.54, "p99_ms": 1.0},
+           "call_bound": {"median_ms": 0.40, "p99_ms": 1.0}, "call_bound_sync": {"median_ms": 0.48, "p99_ms": 1.0}}
+    targets = {t["key"]: t for t in report.evaluate(res)}
+    assert targets["blocking_discovery_call"]["status"] == "PASS"
+    assert targets["blocking_discovery_call"]["measured"] == "1.08x AsyncClient"
+    assert targets["blocking_bound_call"]["status"] == "SHORT"
+    assert targets["blocking_bound_call"]["measured"] == "1.20x AsyncClient"
+    assert {t["key"]: t["status"] for t in report.evaluate({})}["blocking_bound_call"] == "n/a"

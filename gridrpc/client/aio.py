@@ -136,6 +136,15 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         for ch in self._seds.values():
             ch.close()
 
+    def busy(self) -> bool:
+        """Whether anything of this client is in flight: a call (or its
+        discovery, or a message of the driver not sent yet), a request to a
+        master agent, a task, a data request."""
+        d = self._driver
+        data = getattr(self, "_data_client", None)
+        return bool(self._pending or self._tasks or (d is not None and d.busy())
+                    or (data is not None and data.in_flight()))
+
     # -- calls (the rest: gridrpc.client.submit) -------------------------------
     def handle(self, service: str, server: str | ServerInfo | None = None) -> "AsyncHandle":
         return AsyncHandle(self, service, server)

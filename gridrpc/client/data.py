@@ -12,21 +12,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-import time
 from typing import TYPE_CHECKING, Any
 
 from ..core import codec
 from ..core import messages as m
+from ..core.data_request import DataRequest, Failed
 from ..core.datastore import Mode, parse_mode
 from ..core.messages import MsgType
 from ..core.refs import RefTag
-from ..errors import (CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable, ProtocolError,
-                      error_from_wire)
+from ..errors import CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable, error_from_wire
 from ..files import read_file
+from ..runtime.data_request import DataRequests
 from ..transport.channel import Channel, connect_dealer
 from .call import Call, ServerInfo
 from .ids import new_id
-from .ma_requests import release_answer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .aio import AsyncClient
@@ -113,64 +112,57 @@ def keep_spec(keep_result: Any) -> dict | None:
 
 
 class DataClient:
-    """A client's data requests (own sockets to the SeDs, futures by id)."""
+    """A client's data requests: a channel per SeD, each request driven by
+    :class:`~gridrpc.core.data_request.DataRequest` (a SeD silent for
+    ``ping_timeout`` is lost)."""
 
     def __init__(self, client: "AsyncClient") -> None:
         self.client = client
         self._channels: dict[str, Channel] = {}
-        self._pending: dict[str, asyncio.Future] = {}
-        self._heard: dict[str, float] = {}
+        self._requests = DataRequests()
         self.bytes_sent = self.bytes_received = 0
 
+    def in_flight(self) -> int:
+        """Data requests awaiting an answer."""
+        return self._requests.in_flight
+
     def close(self) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(CommunicationError("client closed"))
+        self._requests.close(CommunicationError("client closed"))
         for ch in self._channels.values():
             ch.close()
 
-    def _on_message(self, address: str, frames: list) -> None:
-        try:
-            mt, h = m.parse_header(frames[0].bytes)
-        except ProtocolError:
-            return
-        self._heard[address] = time.monotonic()
-        fut = self._pending.pop(h["id"], None)
-        if fut is not None and not fut.done():
-            fut.set_result((mt, h, frames[1:]))
-
-    async def request(self, address: str, header: dict, buffers: list = (), timeout: float = 30.0):
-        """Send and wait; the SeD is pinged while the answer is pending: silent for
-        ``ping_timeout`` means lost (CommunicationError)."""
+    # -- Links: the channels of the requests ---------------------------------------------------
+    async def holder_channel(self, name: str, address: str, header: dict) -> Channel:
         ch = self._channels.get(address)
         if ch is None or ch.closed:
             opts = await self.client.dealer_options(address)
             ch = self._channels[address] = Channel(connect_dealer(address, options=opts),
-                                                   functools.partial(self._on_message, address),
+                                                   functools.partial(self._requests.on_message, address),
                                                    name=f"client-data->{address}")
-        fut = self.client.loop.create_future()
-        self._pending[header["id"]] = fut
-        try:
-            ch.send([m.dumps(header), *buffers])
+        return ch
+
+    def holder_done(self, address: str) -> None:
+        """Channels to SeDs stay open for the client's life."""
+
+    async def _walk(self, holders, header_for, timeout: float, retry=None) -> tuple:
+        """Ask ``holders`` in turn (see :class:`DataRequest`): ``(Done, answer)`` or ``(Failed, None)``."""
+        silence = max(self.client.ping_timeout, 1.0)
+        req = DataRequest(holders, timeout=timeout, silence=silence, new_id=new_id, retry=retry)
+        return await self._requests.run(req, self, header_for)
+
+    async def request(self, address: str, header: dict, buffers: list = (), timeout: float = 30.0):
+        """Send to the SeD at ``address`` and wait for its answer, pinging it
+        meanwhile: silent for ``ping_timeout``, it is lost (CommunicationError);
+        an error answer is raised."""
+        def header_for(send):
             self.bytes_sent += sum(len(b) for b in buffers)
-            start = time.monotonic()
-            silent = max(self.client.ping_timeout, 1.0)
-            while True:
-                done, _ = await asyncio.wait({fut}, timeout=min(1.0, silent / 3))
-                if done:
-                    break
-                now = time.monotonic()
-                if now - start > timeout:
-                    raise CommunicationError(f"{address} did not answer within {timeout}s")
-                if now - max(start, self._heard.get(address, start)) > silent:
-                    raise CommunicationError(f"{address} silent for {silent:.1f}s")
-                ch.send([m.dumps(m.make(MsgType.PING, new_id(), ids=[]))])
-            mt, h, frames = fut.result()
-        finally:
-            self._pending.pop(header["id"], None)
-            release_answer(fut)
-        if mt is MsgType.ERROR:
-            raise error_from_wire(h["error"])
+            return {**header, "id": send.id}, buffers
+        end, answer = await self._walk([(address, address)], header_for, timeout)
+        if type(end) is Failed:
+            if end.error is not None:
+                raise error_from_wire(end.error)
+            raise CommunicationError(f"{address} {end.given_up[-1].why}")
+        _mt, h, frames = answer
         return h, frames
 
     def _timeout(self, timeout):
@@ -209,22 +201,24 @@ class DataClient:
                                      "address": target.address, "size": hh.get("size", 0), "mode": mode.value})
 
     async def get(self, ref: DataRef, timeout: float | None = None):
+        """The value from its holder, else a replica: a holder lost or that
+        lost the value gives way to the next; DataLost when none has it."""
         t = self._timeout(timeout)
-        reasons = []
-        for name, address in ref.holders():
-            h = m.make(MsgType.DATA_GET, new_id(), ref=ref.id, user=self.client.user, wait=t,
-                       call=bool(ref._desc.get("call")))
-            try:
-                hh, frames = await self.request(address, h, timeout=t + 1.0)
-            except CommunicationError as exc:
-                reasons.append(f"data reference {ref.id} is unreachable: its holder {name} is lost? ({exc})")
-                continue
-            except DataLost as exc:
-                reasons.append(str(exc))
-                continue
-            self.bytes_received += sum(len(f.buffer) for f in frames)
-            return codec.decode(hh.get("value"), [f.buffer for f in frames], self.client.sink)
-        raise DataLost(reasons[0] if len(reasons) == 1 else f"data reference {ref.id}: " + "; ".join(reasons))
+        call = bool(ref._desc.get("call"))
+
+        def header_for(send):
+            return m.make(MsgType.DATA_GET, send.id, ref=ref.id, user=self.client.user, wait=t, call=call), ()
+        end, answer = await self._walk(ref.holders(), header_for, t + 1.0, _next_holder_on)
+        if type(end) is Failed:
+            if end.error is not None:
+                raise error_from_wire(end.error)
+            reasons = [g.error.get("message", "") if g.error is not None else
+                       f"data reference {ref.id} is unreachable: its holder {g.name} is lost? ({g.address} {g.why})"
+                       for g in end.given_up]
+            raise DataLost(reasons[0] if len(reasons) == 1 else f"data reference {ref.id}: " + "; ".join(reasons))
+        _mt, hh, frames = answer
+        self.bytes_received += sum(len(f.buffer) for f in frames)
+        return codec.decode(hh.get("value"), [f.buffer for f in frames], self.client.sink)
 
     async def free(self, ref: DataRef) -> None:
         errors = []
@@ -255,12 +249,17 @@ class DataClient:
                        source=src)
             try:
                 await self.request(s.address, h, timeout=self._timeout(None))
-            except (CommunicationError, DataLost) as exc:
+            except (CommunicationError, DataLost):
                 continue
             ref._desc["replicas"] = [*ref._desc.get("replicas", []), [s.name, s.address]]
             want -= 1
         if want > 0:
             raise NoServerAvailable(f"data reference {ref.id}: only {int(n) - want} of {n} copies could be made")
+
+
+def _next_holder_on(error: dict) -> bool:
+    """A holder's error answer after which ``get`` asks the next holder: it is lost or lost the value."""
+    return isinstance(error_from_wire(error), (CommunicationError, DataLost))
 
 
 # -- arguments ----------------------------------------------------------------------------------

@@ -286,6 +286,11 @@ class AsyncCallDriver(CallDriver):
         self.at_address: dict[str, int] = {}    # calls in flight per server address
         self._soon = False                      # a flush of the outbox is due at this iteration's end
 
+    def busy(self) -> bool:
+        """Whether a call is in flight or discovering, or a message waits in
+        an outbox (CALLs and CANCELs to batch) or among the pings to send."""
+        return bool(self.flights or self.discovering or self._outbox or self._pings)
+
     async def wait(self, flight: Flight) -> Done | Fail:
         """The outcome of ``flight``; a caller cancelled while it waits
         abandons the call (a CANCEL to the server)."""

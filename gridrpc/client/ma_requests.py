@@ -22,6 +22,7 @@ from ..core import messages as m
 from ..core.messages import MsgType
 from ..errors import (AuthenticationError, CommunicationError, NoServerAvailable, ProtocolError, ServiceNotFound,
                       error_from_wire)
+from ..runtime.data_request import release_answer
 from ..transport.handshake import explain
 from .call import ServerInfo
 from .ids import new_id
@@ -238,19 +239,6 @@ class MasterAgentRequests:
 
 #: discoveries in flight that clients with ``share_discovery`` may join
 _SHARED: dict[tuple, list] = {}         # key -> [the asker's future, how many joined it so far]
-
-
-def release_answer(fut: asyncio.Future) -> None:
-    """A request's answer future as its request stops waiting (answered,
-    timed out or cancelled): cancelled if still pending, else its outcome
-    consumed. ``aclose`` fails the pending futures with "client closed"; a
-    request cancelled just before (a call's own timeout ending its discovery)
-    never read that error, and asyncio logged "Future exception was never
-    retrieved" when the future was collected."""
-    if not fut.done():
-        fut.cancel()
-    elif not fut.cancelled():
-        fut.exception()
 
 
 def _share_key(client, service, k, aggregator, args, optional, max_age) -> tuple:

@@ -39,11 +39,12 @@ from ..core.messages import MsgType
 from ..core.refs import RefTag, fetch_bytes
 from ..core.tally import tally
 from ..errors import DataError, DataLost, ProtocolError, wire_kind
+from ..runtime.data_request import DataRequests
 from ..transport.channel import Channel
 from ..transport.endpoint import Incoming
 from .data_bytes import HeldBytes, nbytes, value_nbytes
 from .data_calls import CallData, not_yours
-from .data_fetch import Fetching
+from .data_fetch import Fetching, log
 
 if TYPE_CHECKING:  # pragma: no cover
     from .server import SeD
@@ -106,8 +107,7 @@ class SedData(HeldBytes, Fetching, CallData):
         self._peer_busy: dict[str, int] = {}                   # requests in flight per holder
         self._peer_used: dict[str, float] = {}                 # when each holder was last used (monotonic)
         self._peer_sweep: asyncio.TimerHandle | None = None
-        self._requests: dict[str, asyncio.Future] = {}
-        self._heard: dict[str, float] = {}
+        self.requests = DataRequests(log, f"SeD {sed.name}")     # fetches in flight (gridrpc.runtime)
         self._files = 0
         self.stats = {"fetched": 0, "fetched_bytes": 0, "served": 0, "served_bytes": 0}
 
@@ -257,8 +257,6 @@ class SedData(HeldBytes, Fetching, CallData):
             self._peer_sweep.cancel()
         for ch in self._peers.values():
             ch.close()
-        for fut in self._requests.values():
-            if not fut.done():
-                fut.cancel()
+        self.requests.close()
         self.values.clear()
         self.files.clear()

@@ -9,11 +9,14 @@ addresses (never a path: no ``ipc://``), at most :data:`MAX_PEERS` holders
 connected at once (the least recently used idle one is closed for a new
 one; when all are busy the fetch fails at once, naming the limit), and a
 holder unused for :data:`PEER_IDLE` seconds is disconnected. Under CURVE a
-holder must be an element whose key is in the key directory.
+holder must be an element whose key is in the key directory. Each fetch is a
+:class:`~gridrpc.core.data_request.DataRequest` driven by
+:class:`~gridrpc.runtime.data_request.DataRequests`, to which this class
+gives the channels (its ``holder_channel`` and ``holder_done``).
 
 :class:`Fetching` holds those methods; :class:`~gridrpc.sed.data.SedData`
-inherits them and owns the state (``_peers``, ``_requests``, ``_heard``,
-``stats``).
+inherits them and owns the state (``_peers``, ``_peer_busy``, ``_peer_used``,
+``requests``, ``stats``).
 """
 from __future__ import annotations
 
@@ -25,9 +28,10 @@ import time
 from typing import Any
 
 from ..core import messages as m
+from ..core.data_request import DataRequest, Failed, GiveUp
 from ..core.messages import MsgType
 from ..core.refs import RefTag
-from ..errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, ProtocolError, error_from_wire
+from ..errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, error_from_wire
 from ..transport.channel import Channel, connect_dealer
 
 __all__ = ["Fetching"]
@@ -52,17 +56,6 @@ def check_peer_address(address: object) -> str:
 class Fetching:
     """How :class:`~gridrpc.sed.data.SedData` gets references held elsewhere."""
 
-    def _on_peer(self, address: str, frames: list) -> None:
-        try:
-            mt, h = m.parse_header(frames[0].bytes)
-        except ProtocolError as exc:
-            log.warning("SeD %s: bad data message from %s: %s", self.sed.name, address, exc)
-            return
-        self._heard[address] = time.monotonic()
-        fut = self._requests.pop(h["id"], None)
-        if fut is not None and not fut.done():
-            fut.set_result((mt, h, frames[1:]))
-
     def _peer_options(self, header: dict) -> dict | None:
         """Under CURVE a SeD fetches with its own element key, pinning the
         holder's public key from the shared key directory (by the holder's
@@ -80,35 +73,22 @@ class Fetching:
             raise DataError(f"data holder {holder!r} is not an element of this site (no element key for "
                             f"{base!r} in the key directory)") from None
 
-    async def _request(self, address: str, header: dict, timeout: float) -> tuple:
-        """Send and wait for the answer; while waiting (a pending producer), the
-        holder is pinged: silent for ``fetch_timeout`` means lost."""
-        from ..client.ids import new_id
+    # -- Links (gridrpc.runtime.data_request): the channels of the fetches -------------------------
+    async def holder_channel(self, name: str, address: str, header: dict) -> Channel:
+        """The channel to a holder, counted busy until :meth:`holder_done`."""
         ch = self._peer(address, header)
-        fut = asyncio.get_running_loop().create_future()
-        self._requests[header["id"]] = fut
-        start = time.monotonic()
         self._peer_busy[address] = self._peer_busy.get(address, 0) + 1
-        try:
-            ch.send([m.dumps(header)])
-            while True:
-                done, _ = await asyncio.wait({fut}, timeout=min(1.0, self.config.fetch_timeout / 3))
-                if done:
-                    return fut.result()
-                now = time.monotonic()
-                if now - max(start, self._heard.get(address, start)) > self.config.fetch_timeout or now - start > timeout:
-                    raise asyncio.TimeoutError()
-                ch.send([m.dumps(m.make(MsgType.PING, new_id(), ids=[]))])
-        finally:
-            self._requests.pop(header["id"], None)
-            busy = self._peer_busy[address] - 1
-            if address in self._peers:
-                self._peer_busy[address] = busy
-                self._peer_used[address] = time.monotonic()
-            elif busy:
-                self._peer_busy[address] = busy
-            else:
-                del self._peer_busy[address]
+        return ch
+
+    def holder_done(self, address: str) -> None:
+        busy = self._peer_busy[address] - 1
+        if address in self._peers:
+            self._peer_busy[address] = busy
+            self._peer_used[address] = time.monotonic()
+        elif busy:
+            self._peer_busy[address] = busy
+        else:
+            del self._peer_busy[address]
 
     def _peer(self, address: str, header: dict) -> Channel:
         """The channel to a holder: reused, else opened within :data:`MAX_PEERS`."""
@@ -126,7 +106,7 @@ class Fetching:
             self._close_peer(idle)
         options = self._peer_options(header)
         ch = self._peers[address] = Channel(connect_dealer(address, options=options),
-                                            functools.partial(self._on_peer, address),
+                                            functools.partial(self.requests.on_message, address),
                                             name=f"{self.sed.name}->{address}")
         self._peer_used[address] = time.monotonic()
         if self._peer_sweep is None:
@@ -138,7 +118,7 @@ class Fetching:
         if ch is not None:
             ch.close()
         self._peer_used.pop(address, None)
-        self._heard.pop(address, None)
+        self.requests.forget(address)
         if not self._peer_busy.get(address):
             self._peer_busy.pop(address, None)
 
@@ -159,34 +139,46 @@ class Fetching:
         from ..client.ids import new_id
         ref, is_call = tag.id, bool(tag.desc.get("call"))
         wait = self.config.max_wait if wait is None else wait
-        reasons = []
-        for name, address in tag.holders():
+        holders = tag.holders()
+        for name, address in holders:
             if name in self.sed.replicas or (address and address == self.sed.address):
                 if is_call:
                     tree, buffers, _ = await self._call_result(ref, user, wait)
                     return tree, buffers
                 tree, buffers, _ = await self.local_value(ref, user, transfer=False, wait=wait)
                 return tree, buffers
-            if not address:
-                reasons.append(f"{name}: no address")
-                continue
-            h = m.make(MsgType.DATA_GET, new_id(), ref=ref, user=user, wait=wait, transfer=True, call=is_call,
-                       sed=name)
-            try:
-                mt, hh, frames = await self._request(address, h, self.config.fetch_timeout + wait)
-            except (asyncio.TimeoutError, CommunicationError) as exc:
-                reasons.append(f"holder {name} ({address}) did not answer ({type(exc).__name__}): lost?")
-                continue
-            if mt is MsgType.ERROR:
-                err = error_from_wire(hh["error"])
+
+        def header_for(send):
+            return m.make(MsgType.DATA_GET, send.id, ref=ref, user=user, wait=wait, transfer=True, call=is_call,
+                          sed=send.name), ()
+        t = self.config.fetch_timeout
+        req = DataRequest(holders, timeout=t + wait, silence=t, new_id=new_id, retry=_next_holder_on)
+        end, answer = await self.requests.run(req, self, header_for)
+        if type(end) is Failed:
+            if end.error is not None:
+                err = error_from_wire(end.error)
                 if isinstance(err, DataAccessDenied):
                     raise err
-                reasons.append(f"{name}: {hh['error'].get('message')}")
-                if isinstance(err, DataError) and not isinstance(err, DataLost):
-                    raise DataError(f"data reference {ref}: {hh['error'].get('message')}")
-                continue
-            buffers = [f.buffer for f in frames]
-            self.stats["fetched"] += 1
-            self.stats["fetched_bytes"] += sum(len(b) for b in buffers)
-            return hh.get("value"), buffers
-        raise DataLost(f"data reference {ref} could not be fetched: " + "; ".join(reasons))
+                raise DataError(f"data reference {ref}: {end.error.get('message')}")
+            raise DataLost(f"data reference {ref} could not be fetched: " + "; ".join(map(_reason, end.given_up)))
+        _mt, hh, frames = answer
+        buffers = [f.buffer for f in frames]
+        self.stats["fetched"] += 1
+        self.stats["fetched_bytes"] += sum(len(b) for b in buffers)
+        return hh.get("value"), buffers
+
+
+def _reason(g: GiveUp) -> str:
+    """Why a holder could not give the value, for the DataLost message."""
+    if g.error is not None:
+        return f"{g.name}: {g.error.get('message')}"
+    if not g.address:
+        return f"{g.name}: {g.why}"
+    return f"holder {g.name} ({g.address}) {g.why}: lost?"
+
+
+def _next_holder_on(error: dict) -> bool:
+    """A holder's error answer after which the next holder is asked: any but
+    a refusal (another user's data) or a data error other than a loss."""
+    err = error_from_wire(error)
+    return not isinstance(err, DataError) or isinstance(err, DataLost)

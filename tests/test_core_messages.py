@@ -15,7 +15,7 @@ from gridrpc.errors import ProtocolError
 WIRE_TYPES = ["register", "registered", "unregister", "heartbeat", "heartbeat_ack", "discover",
               "servers", "services", "catalogue", "call", "accepted", "result", "cancel",
               "cancelled", "ping", "pong", "error", "events", "view", "data_put", "data_get", "data_free", "data",
-              "batch"]
+              "batch", "bulk_open", "bulk_opened"]
 
 #: the smallest valid header of each type (besides v, type, id)
 REQUIRED = {
@@ -43,6 +43,8 @@ REQUIRED = {
     "data_free": {"ref": "r1"},
     "data": {"ref": "r1"},
     "batch": {"n": [1, 2]},
+    "bulk_open": {"route": "67" * 16},
+    "bulk_opened": {"session": "ab" * 16, "key": "01" * 32, "token": "fe" * 32, "port": 40000},
 }
 
 #: every field each peer sends today (SeD, agents, clients, batch and cloud SeDs)
@@ -98,6 +100,8 @@ FULL = {
     "data_free": {"ref": "r-1", "user": "alice"},
     "data": {"ref": "r-1", "holder": "sed-1", "size": 800, "mode": "persistent_return", "value": [1]},
     "batch": {"n": [1, 3, 1]},
+    "bulk_open": {"route": "67" + "0a" * 15},
+    "bulk_opened": {"session": "0123456789abcdef" * 2, "key": "f0" * 32, "token": "0f" * 32, "port": 65535},
 }
 
 
@@ -136,7 +140,8 @@ def test_the_required_fields():
         ("heartbeat", "name"), ("heartbeat_ack", "known"), ("discover", "service"), ("discover", "k"),
         ("servers", "servers"), ("catalogue", "services"), ("call", "service"), ("call", "args"),
         ("call", "kwargs"), ("error", "error"), ("events", "name"), ("events", "events"), ("view", "name"), ("data_put", "ref"), ("data_get", "ref"),
-        ("data_free", "ref"), ("data", "ref"), ("batch", "n")]
+        ("data_free", "ref"), ("data", "ref"), ("batch", "n"), ("bulk_open", "route"), ("bulk_opened", "session"),
+        ("bulk_opened", "key"), ("bulk_opened", "token"), ("bulk_opened", "port")]
 
 
 @pytest.mark.parametrize("type_, field", REQUIRED_FIELDS)
@@ -230,6 +235,13 @@ BAD = [
     ("error", "error", {"kind": "remote", "type": []}), ("error", "error", {"kind": "x" * 257}),
     ("error", "server", 5), ("error", "name", "a b"), ("error", "timing", []), ("error", "batch", 5),
     ("error", "vm", 5),
+    # the bulk data path: routing ids and secrets as exact-length lower-case hex
+    ("bulk_open", "route", ""), ("bulk_open", "route", "00" + "ab" * 15), ("bulk_open", "route", "abc"),
+    ("bulk_open", "route", "AB" * 16), ("bulk_open", "route", "zz" * 16), ("bulk_open", "route", "ab" * 256),
+    ("bulk_open", "route", 5),
+    ("bulk_opened", "session", "ab" * 15), ("bulk_opened", "session", "AB" * 16), ("bulk_opened", "key", "01" * 31),
+    ("bulk_opened", "key", 5), ("bulk_opened", "token", "0g" * 32), ("bulk_opened", "port", 0),
+    ("bulk_opened", "port", 65536), ("bulk_opened", "port", "1"),
 ]
 
 

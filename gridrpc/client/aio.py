@@ -85,6 +85,12 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
         if self._security is not None:
             self.user = self._security.name         # the SeDs account calls to the key's user
         self._server_keys: dict[str, bytes] = {}    # SeD address -> public key (from the MA's answers)
+        #: under CURVE, messages to and from a SeD take a bulk session once one is open
+        #: (gridrpc.transport.bulk: AES-256-GCM on a second connection, keys given over CURVE)
+        self._bulk = None
+        if self._security is not None:
+            from ..transport.bulk_client import BulkLinks
+            self._bulk = BulkLinks(self._send_curve, self._on_bulk)
         #: view answers kept for calls (``reuse_discovery``; gridrpc.client.reuse)
         self._reuse = ReusedAnswers(self.options.reuse_discovery) if self.options.reuse_discovery else None
         self._joining: dict[tuple, list] = {}  # reuse key -> [(flight, Discover)] waiting for the same discovery
@@ -133,6 +139,8 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             w.close()
         for ch in self._mas:
             ch.close()
+        if self._bulk is not None:
+            self._bulk.close()
         for ch in self._seds.values():
             ch.close()
 
@@ -308,13 +316,29 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
                                              "is unknown: reach servers through the MA (discover, or "
                                              "handle(service, server=NAME)), which gives their keys")
                 opts = self._security.client_options(key)
-            ch = Channel(connect_dealer(address, options=opts), functools.partial(self._driver.on_message, address),
-                         name=f"client->{address}")
+            on_message = (functools.partial(self._on_curve, address) if self._bulk is not None
+                          else functools.partial(self._driver.on_message, address))
+            ch = Channel(connect_dealer(address, options=opts), on_message, name=f"client->{address}")
             self._seds[address] = ch
         return ch
 
     def _send(self, address: str, frames: list) -> None:
+        if self._bulk is not None and self._bulk.send(address, frames):
+            return
         self._channel(address).send(frames)
+
+    def _send_curve(self, address: str, frames: list) -> None:
+        self._channel(address).send(frames)
+
+    def _on_curve(self, address: str, frames: list) -> None:
+        """A SeD's message over CURVE (secure clients): the answer to a bulk_open is the bulk
+        sessions' own, the rest goes to the driver."""
+        if not self._bulk.intercept(address, frames):
+            self._driver.on_message(address, frames)
+
+    def _on_bulk(self, address: str, frames: list) -> None:
+        if not self.closed:
+            self._driver.on_message(address, frames)
 
     def _decode(self, header: dict, frames: list):
         return codec.decode(header.get("value"), [f.buffer for f in frames[1:]], self.sink)

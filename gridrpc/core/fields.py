@@ -102,6 +102,20 @@ NAME: tuple[Check, str] = (valid_name, "an element name (a letter or digit, then
                                        "letters, digits, '_', '.', '-')")
 ID: tuple[Check, str] = (valid_id, "a request id (at most 128 of letters, digits and _.:#@+=-)")
 TEXT_SHORT = string(SHORT)
+_HEX_RE = re.compile(r"[0-9a-f]*")
+
+
+def hex_bytes(n: int) -> tuple[Check, str]:
+    """Exactly ``n`` bytes written as ``2n`` lower-case hex digits."""
+    return ((lambda v: type(v) is str and len(v) == 2 * n and _HEX_RE.fullmatch(v) is not None),
+            f"{n} bytes as {2 * n} lower-case hex digits")
+
+
+#: a DEALER's routing id set by a peer: 1 to 255 bytes, never starting with a zero byte (libzmq
+#: reserves those for the ids it makes up)
+HEX_ROUTE: tuple[Check, str] = ((lambda v: type(v) is str and 2 <= len(v) <= 510 and len(v) % 2 == 0
+                                 and _HEX_RE.fullmatch(v) is not None and not v.startswith("00")),
+                                "a routing id: 1 to 255 bytes as lower-case hex digits, not starting with 00")
 SERVICE = TEXT_SHORT
 
 
@@ -339,6 +353,10 @@ BY_TYPE: dict[str, tuple] = {
     "data_free": _fields(("ref", True, *ID), ("user", False, *TEXT_SHORT)),
     "data": _fields(("ref", True, *ID), ("holder", False, *NAME), ("size", False, *integer(0, 2**62)),
                     ("mode", False, *DATA_MODE), ("value", False, *ANY)),
+    # secrets of a bulk session travel only inside CURVE messages (gridrpc.transport.bulk)
+    "bulk_open": _fields(("route", True, *HEX_ROUTE)),
+    "bulk_opened": _fields(("session", True, *hex_bytes(16)), ("key", True, *hex_bytes(32)),
+                           ("token", True, *hex_bytes(32)), ("port", True, *integer(1, 65535))),
     "error": _fields(("error", True, *ERROR), ("server", False, *NAME), ("name", False, *NAME),
                      ("timing", False, *TIMING), ("batch", False, *obj(MAX_KEYS)), ("vm", False, *TEXT_SHORT)),
 }

@@ -80,6 +80,9 @@ class MsgType(str, enum.Enum):
     DATA = "data"                    # answer: ref, holder, size, mode [, value (+frames)]
     # several messages to or from one peer at once (a burst of calls, cancels, their answers)
     BATCH = "batch"                  # n: [frames of each message]; the messages' frames follow
+    # the bulk data path of a secure tree (client <-> SeD over CURVE; gridrpc.transport.bulk)
+    BULK_OPEN = "bulk_open"          # route: routing id (hex) of the client's bulk socket
+    BULK_OPENED = "bulk_opened"      # session, key, token (hex), port of the bulk socket
 
 
 _BY_VALUE = {m.value: m for m in MsgType}

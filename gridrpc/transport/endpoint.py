@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -35,8 +36,8 @@ import zmq
 
 from ..core import messages as m
 from ..core.messages import MsgType
-from ..errors import GridRPCError, InvalidArgument, ProtocolError, wire_kind
-from .channel import Channel, bind_router, context, has_big
+from ..errors import GridRPCError, InvalidArgument, ProtocolError, Refused, wire_kind
+from .channel import Channel, bind_router, context, has_big, host_of
 
 #: largest frame an agent accepts (headers, subtree lists); SeDs pass their own
 DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
@@ -162,6 +163,7 @@ class Endpoint:
         self._held_route: list = []
         self._lingering: dict[bytes, tuple[list, list]] = {}   # peer -> (route, answers waiting)
         self._batchers: dict[bytes, None] = {}      # peers that sent a batch (the latest MAX_BATCHERS)
+        self._bulk = None                           # BulkServer, bound on the first bulk_open
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> "Endpoint":
@@ -173,6 +175,9 @@ class Endpoint:
             options.update(self.security.server_options(self.name, context()))
         options.update(self.socket_options)
         self._secure = self.security is not None and self.security.enabled
+        if self._secure and self.bind_address.startswith("tcp://"):
+            # the bulk data path (gridrpc.transport.bulk): any CURVE peer may open a session
+            self.handlers.setdefault(MsgType.BULK_OPEN, self._on_bulk_open)
         sock, self.address = bind_router(self.bind_address, options=options)
         self.channel = Channel(sock, self._on_frames, name=f"{self.name}.router", around_drain=self.around_read)
         return self
@@ -180,6 +185,9 @@ class Endpoint:
     def close(self) -> None:
         if self.channel is not None:
             self._flush_lingering()
+            if self._bulk is not None:
+                self._bulk.close()
+                self._bulk = None
             self.channel.close()
 
     @property
@@ -199,7 +207,7 @@ class Endpoint:
         if self._lingering:
             self._flush_lingering(route)
         try:
-            self.channel.send([*route, head, *buffers])
+            self._out(route, [head, *buffers])
         except GridRPCError as exc:
             log.debug("%s: could not send %s %s: %s", self.name, header.get("type"), header.get("id"), exc)
             return False
@@ -217,7 +225,7 @@ class Endpoint:
         for i in range(0, len(headers), m.MAX_BATCH):
             part = [[m.dumps(h)] for h in headers[i:i + m.MAX_BATCH]]
             try:
-                self.channel.send([*route, *m.packed(part)])
+                self._out(route, m.packed(part))
             except GridRPCError as exc:
                 log.debug("%s: could not send %d messages: %s", self.name, len(part), exc)
                 ok = False
@@ -238,7 +246,7 @@ class Endpoint:
         if self._lingering:
             self._flush_lingering(route)
         try:
-            self.channel.send([*route, *frames])
+            self._out(route, frames)
         except GridRPCError as exc:
             log.debug("%s: could not send cached frames: %s", self.name, exc)
             return False
@@ -281,9 +289,51 @@ class Endpoint:
                 continue
             to, answers = waiting
             try:
-                self.channel.send([*to, *m.packed(answers)])
+                self._out(to, m.packed(answers))
             except GridRPCError as exc:
                 log.debug("%s: could not send %d answers: %s", self.name, len(answers), exc)
+
+    def _out(self, route: list, frames: list) -> None:
+        """Send one message to a peer, back the way the message it answers came: through a bulk
+        session (gridrpc.transport.bulk) or over the socket (raises CommunicationError)."""
+        bulk = self._bulk
+        if bulk is not None:
+            if bulk.send(route[0], frames):
+                return
+            route = [_peer_key(route[0])]        # a message's route through a session names its peer
+        self.channel.send([*route, *frames])
+
+    def _on_bulk_open(self, msg: Incoming) -> None:
+        """``bulk_open`` from a CURVE peer: a session of the bulk data path for it
+        (gridrpc.transport.bulk), answered over CURVE."""
+        user = msg.user
+        if user is None:
+            raise Refused(f"{self.what}: a bulk session needs a peer authenticated by CURVE")
+        if self._bulk is None:
+            from .bulk import BulkServer
+            self._bulk = BulkServer(name=self.name, host=host_of(self.bind_address),
+                                    # a ZAP domain of its own, even beside a same-named endpoint of this process
+                                    domain=f"{self.security.zap_domain(self.name)}.bulk.{os.urandom(4).hex()}",
+                                    security=self.security,
+                                    context=context(), deliver=self._on_sealed,
+                                    max_message_size=self.max_message_size, queue_limit=self.queue_limit,
+                                    around_drain=self.around_read, bad_log=self.bad_log)
+        from .bulk import decode_route
+        fields = self._bulk.open(msg.peer, user, decode_route(msg.header["route"]))
+        self.reply(msg, m.make(MsgType.BULK_OPENED, msg.id, **fields))
+
+    def _on_sealed(self, frames: list, auth: Any) -> None:
+        """A message that came through a bulk session, handled as if it came over the socket
+        from the peer that opened the session (``frames[0]``), sent by ``auth``'s user."""
+        self._on_frames(frames, auth=auth)
+
+    @property
+    def bulk_stats(self) -> dict:
+        """Sealed messages accepted and refused (by reason), and sessions open; empty before the
+        first ``bulk_open``."""
+        if self._bulk is None:
+            return {}
+        return {**self._bulk.stats, "sessions": self._bulk.sessions()}
 
     def _hold(self, route: list, head: bytes, buffers) -> bool:
         """Hold a small answer to the peer whose batch is being handled (it goes
@@ -310,7 +360,7 @@ class Endpoint:
         for i in range(0, len(held), m.MAX_BATCH):
             part = held[i:i + m.MAX_BATCH]
             try:
-                self.channel.send([*self._held_route, *m.packed(part)])
+                self._out(self._held_route, m.packed(part))
             except GridRPCError as exc:
                 log.debug("%s: could not send %d held answers: %s", self.name, len(part), exc)
 
@@ -322,7 +372,8 @@ class Endpoint:
                 if in_batch:
                     raise ProtocolError("a batch cannot hold a batch")
                 parts = m.unbatch(h, buffers)
-                auth = frames[1]            # the envelope: its sender is every part's sender
+                if auth is None:            # (a batch through a bulk session has its session's sender)
+                    auth = frames[1]        # the envelope: its sender is every part's sender
         except ProtocolError as exc:
             self.stats.received += 1
             self.stats.bad_messages += 1

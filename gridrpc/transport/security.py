@@ -22,6 +22,10 @@ The files are the standard ``zmq.auth`` certificate files
 
 A client pins only the MA's public key; the MA hands it each SeD's public key
 with the discovery answer.
+
+The same ZAP thread admits connections to the bulk sockets of
+:mod:`gridrpc.transport.bulk` (ZeroMQ's PLAIN mechanism, a session id and its
+token handed out over CURVE): :meth:`Security.bulk_options`.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import zmq
 import zmq.auth
@@ -208,6 +213,29 @@ class _Authenticator(ThreadAuthenticator):
         #: daemons of the same process add theirs (it once died of "dictionary changed size
         #: during iteration", and with it every later CURVE handshake of the process)
         self.rings: dict[str, _KeyRing] = {}
+        #: domain -> ``check(user name, password) -> bool`` for sockets using PLAIN (the bulk data
+        #: path, gridrpc.transport.bulk); copied on write like ``rings``
+        self.plain_checks: dict[str, Callable[[str, str], bool]] = {}
+
+    def add_plain_check(self, domain: str, check: "Callable[[str, str], bool]") -> None:
+        with _auth_lock:
+            self.plain_checks = {**self.plain_checks, domain: check}
+
+    def remove_plain_check(self, domain: str) -> None:
+        with _auth_lock:
+            self.plain_checks = {d: c for d, c in self.plain_checks.items() if d != domain}
+
+    def _authenticate_plain(self, domain: str, username: str, password: str) -> tuple[bool, bytes]:
+        """PLAIN is only used by bulk sockets: the domain's check decides (User-Id = the user name)."""
+        check = self.plain_checks.get(domain)
+        if check is None:
+            return False, b"no PLAIN on this domain"
+        try:
+            ok = bool(check(username, password))
+        except Exception:  # noqa: BLE001 - a failing check refuses; the ZAP thread must survive
+            log.exception("PLAIN check of domain %s failed", domain)
+            ok = False
+        return ok, (b"OK" if ok else b"unknown bulk session or token")
 
     def add_ring(self, domain: str, store: "KeyStore") -> "_KeyRing":
         with _auth_lock:
@@ -275,12 +303,31 @@ class Security:
             return {}
         pair = self.pair
         auth = _authenticator(context)
-        # one ZAP domain per (daemon, key directory): daemons of one process
-        # (tests, replicas) may trust different directories
-        domain = f"{domain}.{hashlib.sha1(str(self.keys.dir.resolve()).encode()).hexdigest()[:10]}"
+        domain = self.zap_domain(domain)
         auth.add_ring(domain, self.keys)
         return {zmq.CURVE_SERVER: 1, zmq.CURVE_PUBLICKEY: pair.public, zmq.CURVE_SECRETKEY: pair.secret,
                 zmq.ZAP_DOMAIN: domain.encode()}
+
+    def zap_domain(self, domain: str) -> str:
+        """The ZAP domain of a daemon's sockets: one per (daemon, key directory), since daemons of
+        one process (tests, replicas) may trust different directories."""
+        return f"{domain}.{hashlib.sha1(str(self.keys.dir.resolve()).encode()).hexdigest()[:10]}"
+
+    def bulk_options(self, domain: str, context: zmq.Context, check: "Callable[[str, str], bool]") -> dict:
+        """Socket options for a bound bulk ROUTER (gridrpc.transport.bulk): ZeroMQ's PLAIN
+        mechanism, each connection admitted by ``check(user name, password)`` in this context's
+        ZAP thread (the User-Id of its frames is then the user name)."""
+        auth = _authenticator(context)
+        auth.add_plain_check(domain, check)
+        return {zmq.PLAIN_SERVER: 1, zmq.ZAP_DOMAIN: domain.encode()}
+
+    @staticmethod
+    def forget_bulk(domain: str, context: zmq.Context) -> None:
+        """Stop admitting connections to the bulk socket of ``domain``."""
+        with _auth_lock:
+            a = _authenticators.get(id(context))
+        if a is not None:
+            a.remove_plain_check(domain)
 
     def client_options(self, server_public: bytes | None) -> dict:
         """Socket options for a DEALER connecting to a server with that public key."""

@@ -1,0 +1,194 @@
+"""The client's side of bulk sessions (gridrpc.transport.bulk): one per SeD.
+
+A secure :class:`gridrpc.AsyncClient` holds a :class:`BulkLinks`: it asks a
+SeD for a session over CURVE the first time a message with a large frame
+goes to it or comes from it, connects the session's bulk socket, and from
+then on sends every message to that SeD sealed through it; until the session
+is usable, and whenever it fails, messages go over CURVE.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from typing import Callable
+
+import zmq
+
+from ..errors import CommunicationError, ProtocolError
+from .bulk import RESET, ZERO_COPY, BulkRefused, OutputBuffers, Sealer, check_preamble
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BulkClient", "BulkLinks"]
+
+
+class BulkClient:
+    """The client's side of one session with the server at ``address``.
+
+    ``on_message(frames)`` gets each accepted message (header, buffers).
+    :meth:`usable` says whether messages may take the session now: once the
+    bulk connection completed its handshake, and until the server refused it or
+    said it does not know the session."""
+
+    def __init__(self, address: str, opened: dict, ident: bytes, on_message: Callable[[list], None],
+                 buffers: OutputBuffers | None = None) -> None:
+        from .channel import Channel, connect_dealer, host_of
+        from .handshake import HandshakeWatch
+        self.sealer = Sealer(bytes.fromhex(opened["session"]), bytes.fromhex(opened["key"]), server=False,
+                             buffers=buffers)
+        self.on_message = on_message
+        self.address = f"tcp://{host_of(address)}:{int(opened['port'])}"
+        self.ready = False
+        self.dead = False
+        self.refused = 0
+        self.last_used = time.monotonic()
+        watch: list = []
+        opts = {zmq.PLAIN_USERNAME: opened["session"].encode(), zmq.PLAIN_PASSWORD: opened["token"].encode(),
+                zmq.MAXMSGSIZE: -1}
+        # immediate: a message never waits for a connection that is not up (a restarted server's
+        # bulk port is another one): the send fails and the message takes CURVE
+        sock = connect_dealer(self.address, identity=ident, immediate=True, options=opts,
+                              before_connect=lambda s: watch.append(HandshakeWatch(s)))
+        self._watch = watch[0]
+        self.channel = Channel(sock, self._recv, name=f"client->{self.address} (bulk)")
+
+    def usable(self) -> bool:
+        if self.dead:
+            return False
+        # the handshake is watched for as long as the link lives: a reconnection the server refuses
+        # (it restarted and forgot the session) ends the link instead of queueing messages forever
+        if self._watch.failed() is not None:
+            log.warning("bulk connection to %s refused: back to CURVE", self.address)
+            self.dead = True
+            return False
+        if not self.ready and self._watch.succeeded:
+            self.ready = True
+        return self.ready
+
+    def send(self, frames: list) -> None:
+        self.channel.send(self.sealer.seal(frames))
+        self.last_used = time.monotonic()
+
+    def _recv(self, frames: list) -> None:
+        if len(frames) == 1 and frames[0].bytes == RESET:
+            log.info("%s does not know this bulk session any more: back to CURVE", self.address)
+            self.dead = True
+            return
+        try:
+            check_preamble(frames)
+            plain = self.sealer.open(frames)
+        except BulkRefused as exc:
+            self.refused += 1
+            if self.refused <= 10:
+                log.warning("refused a sealed message from %s: %s", self.address, exc)
+            return
+        self.on_message(plain)
+
+    def close(self) -> None:
+        self._watch.close()
+        self.channel.close()
+
+
+def _has_big(frames) -> bool:
+    return any(len(f) >= ZERO_COPY for f in frames)
+
+
+class BulkLinks:
+    """A client's bulk sessions, one per server address.
+
+    ``send_curve(address, frames)`` sends over the CURVE socket to a server;
+    ``deliver(address, frames)`` hands on a message that came through a
+    session. A session is asked for the first time a message with a large
+    frame goes to a server, or comes from it; until it is usable, and after
+    it failed (then asked again at most every :attr:`RETRY_S`), messages take
+    CURVE."""
+
+    RETRY_S = 30.0
+    #: a link unused this long is given up (and asked again when needed): the server closes
+    #: sessions idle for twice as long (BulkServer.IDLE_S) to make room
+    IDLE_S = 300.0
+
+    def __init__(self, send_curve: Callable[[str, list], None], deliver: Callable[[str, list], None]) -> None:
+        self._send_curve = send_curve
+        self._deliver = deliver
+        self._links: dict[str, BulkClient] = {}
+        self._asked: dict[str, tuple[str, bytes]] = {}     # address -> (request id, routing id to use)
+        self._retry_at: dict[str, float] = {}
+        self._buffers = OutputBuffers()             # shared by every link of this client
+
+    def send(self, address: str, frames: list) -> bool:
+        """Send through the session with ``address``; False: the caller sends over CURVE."""
+        link = self._links.get(address)
+        if link is not None and time.monotonic() - link.last_used > self.IDLE_S:
+            link.close()
+            del self._links[address]
+            link = None
+        if link is not None:
+            if link.usable():
+                if not Sealer.fits(frames):
+                    return False
+                try:
+                    link.send(frames)
+                    return True
+                except CommunicationError as exc:
+                    log.info("bulk connection to %s is down (%s): back to CURVE", link.address, exc)
+                    link.dead = True
+            if link.dead:
+                link.close()
+                del self._links[address]
+                self._retry_at[address] = time.monotonic() + self.RETRY_S
+            return False
+        if address not in self._asked and _has_big(frames):
+            self._ask(address)
+        return False
+
+    def _ask(self, address: str) -> None:
+        if time.monotonic() < self._retry_at.get(address, 0.0):
+            return
+        from ..core import messages as m
+        from ..core.messages import MsgType
+        from .channel import routing_id
+        rid, ident = f"bulk-{os.urandom(8).hex()}", routing_id()
+        self._asked[address] = (rid, ident)
+        try:
+            self._send_curve(address, [m.dumps(m.make(MsgType.BULK_OPEN, rid, route=ident.hex()))])
+        except Exception as exc:  # noqa: BLE001 - no session then: CURVE carries everything
+            log.debug("could not ask %s for a bulk session: %s", address, exc)
+
+    def intercept(self, address: str, frames: list) -> bool:
+        """True when ``frames`` (a message from ``address`` over CURVE) was the answer to this
+        client's ``bulk_open`` (consumed here); a message with a large frame from a server without
+        a session makes this client ask for one."""
+        head = frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0]
+        if b'"bulk_opened"' in head[:48]:
+            self._opened(address, head)
+            return True
+        if len(frames) > 1 and address not in self._links and address not in self._asked \
+                and _has_big(frames[1:]):
+            self._ask(address)
+        return False
+
+    def _opened(self, address: str, head: bytes) -> None:
+        from ..core import messages as m
+        asked = self._asked.get(address)
+        try:
+            _, h = m.parse_header(head)
+        except ProtocolError as exc:
+            log.warning("bad bulk_opened from %s: %s", address, exc)
+            return
+        if asked is None or h["id"] != asked[0]:
+            return                          # not the answer to this client's question: ignored
+        del self._asked[address]
+        old = self._links.pop(address, None)
+        if old is not None:
+            old.close()
+        self._links[address] = BulkClient(address, h, asked[1], functools.partial(self._deliver, address),
+                                          self._buffers)
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        self._asked.clear()

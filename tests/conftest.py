@@ -19,6 +19,13 @@ def pytest_report_header(config):
             "a test needing a missing one fails")
 
 
+#: markers of the tests that mostly wait for a batch scheduler: under
+#: ``-n N --dist loadgroup`` their modules form one lane, run by one worker
+#: while the others run the rest (scripts/run-tests)
+SCHEDULER_MARKERS = ("slurm", "sge", "oar")
+
+
+@pytest.hookimpl(tryfirst=True)        # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in FIXTURE_MARKERS.items():
@@ -27,6 +34,20 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(marker)
                 if not item.get_closest_marker("real"):
                     item.add_marker("real")
+    if getattr(config.option, "loadgroup", False):        # an xdist worker under --dist loadgroup
+        _lanes(items)
+
+
+def _lanes(items) -> None:
+    """Give every test an xdist group: its module (so a module's fixtures are
+    made once, on one worker), or ``schedulers`` for every module with a
+    test that needs Slurm, Grid Engine or OAR: those wait on the schedulers
+    more than they compute, and run one after the other beside the rest."""
+    scheduler_modules = {item.module.__name__ for item in items
+                         if any(item.get_closest_marker(m) for m in SCHEDULER_MARKERS)}
+    for item in items:
+        module = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("schedulers" if module in scheduler_modules else module))
 
 
 def _is_real(item) -> bool:

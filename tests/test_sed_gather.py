@@ -24,6 +24,11 @@ def _scenario(queue_options: dict) -> tuple[dict, dict]:
         async with AsyncClient(None, user="a") as a, AsyncClient(None, user="b") as b:
             opt = a.submit_nowait("sleep", 0.3, optional=True, server=sed.address)
             await asyncio.sleep(0.01)
+            if not queue_options:       # without gather the optional call starts at once: wait for it
+                for _ in range(500):    # (a loaded machine may take longer than 10 ms to start it)
+                    if any(r.scheduler.running for r in sed.replicas.values()):
+                        break
+                    await asyncio.sleep(0.01)
             mand = b.submit_nowait("sleep", 0.05, server=sed.address)
             got = {}
             for name, call in (("optional", opt), ("mandatory", mand)):

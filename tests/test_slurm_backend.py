@@ -319,9 +319,10 @@ def test_two_clusters_side_by_side(slurm_cluster, slurm_cluster2, tmp_path):  # 
 
 
 @pytest.mark.timeout(90)
-def test_private_cluster_stop_leaves_no_process(tmp_path):
+def test_private_cluster_stop_leaves_no_process(tmp_path, tmp_path_factory):
     require_slurm()
-    cluster = PrivateSlurm(tmp_path / "s", name="leak", cpus=2)
+    # a short directory: slurmd's socket paths under it must fit in 107 bytes
+    cluster = PrivateSlurm(tmp_path_factory.mktemp("leak"), name="leak", cpus=2)
     with cluster:
         backend = SlurmBackend(env=cluster.env)
         job_id = backend.submit(spec_for(tmp_path, "sleep 600", name="orphan?"))

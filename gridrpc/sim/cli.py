@@ -14,17 +14,37 @@ import argparse
 import json
 import sys
 
+from ..cli.values import positive_int
+
+
+def shape_arg(text: str) -> str:
+    """An argparse type for ``--shape``: ``flat``, ``L<levels>-<children per agent>``
+    (both >= 1), or agents per level ``1,8,64`` (each >= 1)."""
+    parts = text.split(",")
+    if len(parts) > 1:
+        if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise argparse.ArgumentTypeError(f"{text!r}: agents per level must be whole numbers >= 1, e.g. 1,8,64")
+        return text
+    if text == "flat":
+        return text
+    levels, sep, d = text.partition("-")
+    levels = levels[1:] if levels[:1] in ("L", "l") else ""
+    if not (sep and levels.isdigit() and d.isdigit() and int(levels) >= 1 and int(d) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape: flat, L<levels>-<children per agent> "
+                                         "(e.g. L2-8), or agents per level (e.g. 1,8,64)")
+    return text
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sim", help="discrete-event simulation of trees on the real scheduling core",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="sim_cmd")
     r = s.add_parser("run", help="simulate one tree: sequential discoveries and a closed-loop load")
-    r.add_argument("--seds", type=int, required=True, help="SeDs (per site on a platform of several sites)")
-    r.add_argument("--shape", default="flat", help="flat, L2-D, L3-D, or agents per level like 1,8,64")
-    r.add_argument("--users", type=int, default=8)
+    r.add_argument("--seds", type=positive_int, required=True, help="SeDs (per site on a platform of several sites)")
+    r.add_argument("--shape", type=shape_arg, default="flat", help="flat, L2-D, L3-D, or agents per level like 1,8,64")
+    r.add_argument("--users", type=positive_int, default=8)
     r.add_argument("--placement", choices=("single", "cluster"), default="single")
-    r.add_argument("--cores", type=int, default=2)
+    r.add_argument("--cores", type=positive_int, default=2)
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--costs")
     from .simgrid_cli import add_engine_arguments
@@ -35,7 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "several times to fit on several measurements together (every run a row)")
     c.add_argument("--suite", default="benchmarks/results/latest.json")
     c.add_argument("--max-load", type=float, default=15.0, help="latency fit: runs at load average <= this")
-    c.add_argument("--iterations", type=int, default=3,
+    c.add_argument("--iterations", type=positive_int, default=3,
                    help="passes of count-then-fit (wake-ups depend on the costs being fitted)")
     c.add_argument("--time-slice", type=float, default=3.0,
                    help="ms a process keeps its core for its queued jobs while others wait (the costs are "
@@ -52,18 +72,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     v.add_argument("--max-load", type=float, default=None,
                    help="one study: count only the trees measured at this load average or less; several: "
                         "leave out the measurements taken above it")
-    v.add_argument("--seeds", type=int, default=3, help="closed-loop runs per tree (the median is compared)")
+    v.add_argument("--seeds", type=positive_int, default=3, help="closed-loop runs per tree (the median is compared)")
     v.add_argument("--json")
     v.add_argument("--plot")
     g = s.add_parser("scale", help="compare shapes at scale (agents and SeD processes on hosts of their own)")
-    g.add_argument("--seds", type=int, default=100000)
-    g.add_argument("--clients", type=int, default=10000)
+    g.add_argument("--seds", type=positive_int, default=100000)
+    g.add_argument("--clients", type=positive_int, default=10000)
     g.add_argument("--shapes", default="L3-15,1+316,1+46+2128,1+18+309+5556,L4-7",
                    help="comma-separated: flat, L2-D, L3-D, L4-D, or agents per level like 1+46+2128 "
                         "(default: L3-15, L4-7 and the shapes 'deploy plan' proposes for 100,000 SeDs)")
     g.add_argument("--seconds", type=float, default=2.0, help="simulated seconds measured per shape")
     g.add_argument("--calls-per-client", type=float, default=0.02, help="calls per client in that window")
-    g.add_argument("--replicas", type=int, default=32, help="SeDs per SeD process (per host)")
+    g.add_argument("--replicas", type=positive_int, default=32, help="SeDs per SeD process (per host)")
     g.add_argument("--no-views", dest="views", action="store_false",
                    help="SeDs push no snapshots: every discovery fans out (the default: pushed views)")
     g.add_argument("--hb-interval", type=float, default=1.0, help="heartbeat period of every element (s); "

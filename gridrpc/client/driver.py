@@ -22,9 +22,9 @@ import math
 from typing import Any, Callable
 
 from ..core import messages as m
-from ..core.call import (Abort, Accepted, Cancel, CancelAck, CallError, CallMachine, Discover, DiscoveryFailed, Done,
-                         Error, Fail, FailOver, Malformed, Pong, Result, SendCall, SendCancel, SendFailed, SendPing,
-                         Start, Tick)
+from ..core.call import (Abort, Cancel, CallError, CallMachine, Discover, DiscoveryFailed, Done, Fail, FailOver,
+                         Malformed, SendCall, SendCancel, SendFailed, SendPing, Start, Tick)
+from ..core.call_replies import pong_events, reply_event
 from ..core.call_types import Phase
 from ..core.messages import MsgType
 from ..core.tally import tally
@@ -175,12 +175,10 @@ class CallDriver:
                     self.feed(flight, Malformed(str(exc)))
             return
         if mt is MsgType.PONG:
-            calls = h.get("calls")
-            if isinstance(calls, dict):
-                for cid, state in calls.items():
-                    flight = self.flights.get(cid)
-                    if flight is not None:
-                        self.feed(flight, Pong(cid, str(state)))
+            for pong in pong_events(h):
+                flight = self.flights.get(pong.id)
+                if flight is not None:
+                    self.feed(flight, pong)
             return
         cid = h["id"]
         flight = self.flights.get(cid)
@@ -191,18 +189,11 @@ class CallDriver:
                 value = self.decode(h, frames)
             except Exception as exc:  # noqa: BLE001 - whatever a bad result raises fails this call only
                 log.warning("%s: undecodable result of %s from %s: %r", self.name, cid, address, exc)
-                event: Any = Malformed(f"undecodable result: {exc}", cid)
-            else:
-                event = Result(cid, value, _dict(h.get("timing")), _str(h.get("server")))
-        elif mt is MsgType.ACCEPTED:
-            event = Accepted(cid, h.get("patience"), h.get("idempotent"), h.get("state"))
-        elif mt is MsgType.ERROR:
-            event = Error(cid, h["error"], _dict(h.get("timing")), _str(h.get("server")),
-                          reply=(mt, h, list(frames[1:])))
-        elif mt is MsgType.CANCELLED:
-            event = CancelAck(cid, _str(h.get("state")), _dict(h.get("timing")))
+                self.feed(flight, Malformed(f"undecodable result: {exc}", cid))
+                return
+            event: Any = reply_event(mt, h, value)
         else:
-            event = Malformed(f"unexpected {mt.value!r} message", cid)
+            event = reply_event(mt, h, reply=(mt, h, list(frames[1:])) if mt is MsgType.ERROR else None)
         self.feed(flight, event)
 
     # -- actions ----------------------------------------------------------------------------
@@ -434,10 +425,3 @@ class AsyncCallDriver(CallDriver):
         for address, ids in pings.items():
             self._send_pings(address, ids)
 
-
-def _dict(v: Any) -> dict | None:
-    return v if isinstance(v, dict) else None
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None

@@ -23,6 +23,7 @@ from ..core.events import EventKind
 from ..core.messages import MsgType
 from ..core.tally import tally
 from ..core.sed_calls import CallRecord, CallState, Expired, Fetch, Reacknowledge, Resend
+from ..core.sed_protocol import accepted_header, busy_error, call_replica, gone_error, not_owner_error
 from ..errors import GridRPCError, InvalidArgument, ProtocolError, wire_kind
 from ..transport.endpoint import Incoming
 from .calls_run import RunsMixin
@@ -78,8 +79,8 @@ class CallsMixin(RunsMixin):
         who = uid or msg.peer           # as _who(msg)
         user = _user_of(uid, h)         # as message_user(msg)
         if not self.lifecycle.owned_by(cid, who):
-            return self._reject(route, cid, "refused", f"call id {cid} belongs to another client of "
-                                f"SeD {self.name} (a call is answered, cancelled or pinged only by its owner)")
+            self.stats["rejected"] += 1
+            return self.endpoint.send(route, not_owner_error(cid, self.name))
         dup = self.lifecycle.duplicate(cid)
         if dup is None and cid in self.data.resolving:      # still fetching its data: acknowledge again
             self.data.resolving[cid][0].route = route
@@ -100,11 +101,9 @@ class CallsMixin(RunsMixin):
                                 f"{self._arg_bytes.get(user, 0)} bytes of arguments in calls queued or running "
                                 f"here; {size} more would pass the limit max_arg_bytes_per_user="
                                 f"{self.max_arg_bytes_per_user}")
-        target = h.get("sed")
-        r = (next(iter(self.replicas.values())) if target is None and len(self.replicas) == 1
-             else self.replicas.get(target) if isinstance(target, str) else None)
+        r = call_replica(h, self.replicas)
         if r is None:
-            return self._reject(route, cid, "no_server", f"no SeD named {target!r} here "
+            return self._reject(route, cid, "no_server", f"no SeD named {h.get('sed')!r} here "
                                 f"(this process serves {', '.join(self.replicas)})")
         svc = self.services.get(h["service"])
         if svc is None:
@@ -115,9 +114,8 @@ class CallsMixin(RunsMixin):
         if h.get("start_now") is True and not self._can_start_now(r):
             # the client's view saw this server free and has other candidates: never queue here
             self.stats["busy"] += 1
-            err = m.error_header(cid, "busy", f"SeD {r.name} has no free slot for {svc.name} now", type_="Busy")
-            err["error"]["est_wait"] = self.execution.estimate(r, svc, user, time.time()).get("est_wait", 0.0)
-            return self.endpoint.send(route, err)
+            return self.endpoint.send(route, busy_error(
+                cid, r.name, svc.name, self.execution.estimate(r, svc, user, time.time()).get("est_wait", 0.0)))
         ex = self.execution
         workdir = ex.new_workdir()
         try:
@@ -178,12 +176,8 @@ class CallsMixin(RunsMixin):
         self._apply(call.replica, self.lifecycle.submit(call, now))
 
     def _accepted(self, call: LiveCall, duplicate: bool = False) -> dict:
-        h = m.make(MsgType.ACCEPTED, call.id, sed=call.replica.name)
-        if duplicate:
-            h["duplicate"] = True
-        h["state"] = "running" if call.state is CallState.RUNNING else "queued"
-        if not call.svc.idempotent:
-            h["idempotent"] = False
+        h = accepted_header(call.id, call.replica.name, running=call.state is CallState.RUNNING,
+                            idempotent=call.svc.idempotent, duplicate=duplicate)
         h.update(self.execution.ack_fields(call))
         return h
 
@@ -218,9 +212,7 @@ class CallsMixin(RunsMixin):
             self.endpoint.send(route, self._gone(dup.call_id))
 
     def _gone(self, cid: str) -> dict:
-        return m.error_header(cid, "result_gone", f"call {cid} already ran on SeD {self.name}; its answer is no "
-                              f"longer kept (result cache of {self.lifecycle.cache.max_bytes} bytes) and it is "
-                              "not run again", type_="ResultGone")
+        return gone_error(cid, self.name, self.lifecycle.cache.max_bytes)
 
     def _deliver_kept(self, route: list, cid: str, frames: list | None) -> None:
         if frames is None:

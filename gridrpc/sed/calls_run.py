@@ -23,6 +23,7 @@ from ..core.events import EventKind, make_event
 from ..core.messages import MsgType
 from ..core.tally import tally
 from ..core.sed_calls import CallState, Drop, Run, Stop
+from ..core.sed_protocol import drop_error, stop_error
 from ..errors import GridRPCError
 from ..files import read_file
 from .backends import Outcome
@@ -89,8 +90,7 @@ class RunsMixin:
             elif isinstance(a, Stop):
                 self._stop(a.call, a.reason)
             elif isinstance(a, Drop):
-                self.answer(a.call, m.error_header(a.call.id, "cancelled", "call cancelled while queued",
-                                                   **self.timing(a.call)), ok=False)
+                self.answer(a.call, drop_error(a.call.id, **self.timing(a.call)), ok=False)
         if r.ahead is None and not self.closing:
             self._send_ahead(r)
         self._view_changed(r)
@@ -128,11 +128,7 @@ class RunsMixin:
             self.stats["preempted"] += 1
         if not self.execution.kill(call) and call.task:
             call.task.cancel()
-        kind = "preempted" if reason == "preempted" else "cancelled"
-        self.answer(call, m.error_header(
-            call.id, kind, f"call {reason} on {call.replica.name}" + (
-                " (a mandatory request needed the server)" if kind == "preempted" else ""),
-            **self.timing(call)), ok=False)
+        self.answer(call, stop_error(call.id, reason, call.replica.name, **self.timing(call)), ok=False)
 
     def sweep_orphans(self, now: float) -> None:
         """Calls whose client sent nothing for ``orphan_call_timeout`` (it

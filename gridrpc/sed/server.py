@@ -40,6 +40,7 @@ from ..core.queue import SedScheduler, make_policy
 from ..core.datastore import Where
 from ..core.refs import refs_in_light
 from ..core.sed_calls import DEFAULT_RESULT_CACHE_BYTES, SedCalls
+from ..core.sed_protocol import discover_replicas, discover_reply
 from ..core.view import PushRule, load_key, sed_entry
 from ..errors import ConfigError
 from ..runtime.lifecycle import Daemon
@@ -401,24 +402,15 @@ class SeD(CallsMixin, Daemon):
 
     def _on_parent(self, r: Replica, mt: MsgType, h: dict, frames: list) -> None:
         if mt is MsgType.DISCOVER:
-            # the agent may ask for all replicas of this process at once
-            names = h.get("names") if isinstance(h.get("names"), list) else [r.name]
-            mine = [self.replicas[n] for n in names if isinstance(n, str) and n in self.replicas] or [r]
+            # the agent may ask for all replicas of this process at once (core.sed_protocol)
+            mine = discover_replicas(h, r, self.replicas)
             svc = self.services.get(h["service"])
             user = h.get("user") if isinstance(h.get("user"), str) else None
-            servers = [] if svc is None else [
-                {"name": rep.name, "address": self.address,
-                 "estimation": self.estimate(rep, svc, h.get("args") or [], user=user)} for rep in mine]
-            if self._public_key:                     # under CURVE the client pins it from the answer
-                for s in servers:
-                    s["public_key"] = self._public_key
-            if svc is not None and not svc.idempotent:
-                for s in servers:
-                    s["idempotent"] = False
-            reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
-            if len(mine) > 1:
-                reply["names"] = [rep.name for rep in mine]
-            r.link.send(reply)
+            args = h.get("args") or []
+            r.link.send(discover_reply(
+                h, r.name, [rep.name for rep in mine],
+                None if svc is None else [self.estimate(rep, svc, args, user=user) for rep in mine],
+                address=self.address, public_key=self._public_key, idempotent=svc is None or svc.idempotent))
         elif mt is MsgType.PING:
             r.link.send(m.make(MsgType.PONG, h["id"], name=r.name))
 

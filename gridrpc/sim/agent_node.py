@@ -2,15 +2,18 @@
 :class:`gridrpc.core.agent.AgentState` (with the real roles, registry,
 discovery table and aggregators), as ``gridrpc/runtime/agent.py`` does with
 sockets: registration and heartbeats to the parent, the state's actions as
-messages, its ticks as timers."""
+messages, its ticks as timers. The parent's acknowledgements are decided by
+:func:`gridrpc.core.parent_ack.parent_ack`, as the daemons' ``ParentLink``."""
 from __future__ import annotations
 
+import math
 import random
 
 from ..core import messages as m
 from ..core.agent import AgentConfig, AgentState, FromParent, Received, Tick
 from ..core.agent_events import ChildrenUpdated, Send, SendParent
 from ..core.messages import MsgType
+from ..core.parent_ack import parent_ack
 from .engine import Host
 from .node import Node, Out
 
@@ -25,11 +28,33 @@ _T = {t.value: t for t in MsgType}
 #: a changed snapshot moved 8-14 us; a first place walked ~3.5 us (0.3-0.4 ms for ~105). Before: the
 #: calibrated per-item cost of the MA (1.7 us per SeD ranked), fitted on messages, not on ranking.
 VIEW_CPU = {"view_ranked": 5e-6, "view_sorted": 3.3e-6, "view_moved": 10e-6, "view_walked": 3.5e-6}
+#: a small view ranked whole costs less per SeD (it stays in the CPU's caches): 2.19 us at 100 SeDs, 1.74 at
+#: 250 (`python -m benchmarks.view_core 100 250`, 2026-11-28, load average ~15), 2.1 at 500; 2 us per SeD up
+#: to SMALL_VIEW SeDs, VIEW_CPU["view_ranked"] from LARGE_VIEW, log-interpolated between
+SMALL_VIEW, SMALL_VIEW_RANKED = 1000, 2e-6
+LARGE_VIEW = 10000
+
+
+def ranked_cpu(n: int) -> float:
+    """MA CPU of one answer that ranked a whole view of ``n`` SeDs."""
+    if n <= SMALL_VIEW:
+        return n * SMALL_VIEW_RANKED
+    large = VIEW_CPU["view_ranked"]
+    if n >= LARGE_VIEW:
+        return n * large
+    f = math.log(n / SMALL_VIEW) / math.log(LARGE_VIEW / SMALL_VIEW)
+    return n * (SMALL_VIEW_RANKED + f * (large - SMALL_VIEW_RANKED))
 
 
 def view_cpu(counters, before: list) -> float:
-    """The MA CPU of what a view answer did since ``before`` (the counters of :data:`VIEW_CPU`)."""
-    return sum(cost * (getattr(counters, k) - b) for (k, cost), b in zip(VIEW_CPU.items(), before))
+    """The MA CPU of what a view answer did since ``before`` (the counters of
+    :data:`VIEW_CPU`; the whole view ranked: :func:`ranked_cpu`)."""
+    total = 0.0
+    for (k, cost), b in zip(VIEW_CPU.items(), before):
+        d = getattr(counters, k) - b
+        if d:
+            total += ranked_cpu(d) if k == "view_ranked" else cost * d
+    return total
 
 
 class AgentNode(Node):
@@ -49,6 +74,7 @@ class AgentNode(Node):
             role, random.Random(seed),
             info={"address": f"sim://{name}", "host": host.name, "pid": id(self) & 0xffffff, "started": 0.0})
         self._tick_at: float | None = None
+        self.attached = False       # the parent acknowledged us (core.parent_ack, as ParentLink)
         self._rereg = False
         self._held: list = []       # VIEW batches waiting for the debounced REGISTER
         self._n = 0
@@ -93,13 +119,18 @@ class AgentNode(Node):
         now = self.world.sim.now
         t = _T[h["type"]]
         if src == self.parent and self.parent is not None:
-            if t is MsgType.HEARTBEAT_ACK:
-                if h.get("known") is False:
+            if t is MsgType.HEARTBEAT_ACK or t is MsgType.REGISTERED:
+                ack = parent_ack(t, h, self.attached)      # as ParentLink
+                if ack.register:
+                    self.attached = False
                     self._register(out)
-                elif h.get("view_missing") and self.state.view.resend(h["view_missing"], now):
+                    return
+                if ack.view_missing and self.state.view.resend(ack.view_missing, now):
                     self._arm()                         # AgentRuntime._on_view_missing
-                return
-            if t is MsgType.REGISTERED:
+                if ack.attached_now:                    # AgentRuntime._on_attached
+                    self.state.view.resend_all(now)
+                    self._arm()
+                self.attached = True
                 return
             actions = self.state.handle(FromParent(t, h), now)
         else:

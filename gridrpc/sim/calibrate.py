@@ -128,7 +128,16 @@ def measured_step_cpu(run: dict, step: dict) -> dict[str, float]:
     return {el: max(0.0, (pct - idle.get(el, 0.0)) / 100.0 / step["rps"]) for el, pct in step["cpu"].items()}
 
 
-def fit_rows(study: dict, costs: Costs, progress=lambda s: None) -> dict[str, list]:
+def study_views(study: dict) -> bool:
+    """Whether a study's trees answered discoveries from pushed views
+    (``meta.discovery_mode`` ``view``, ``python -m benchmarks.scalability``
+    without ``--fanout``): then it is fitted with views and the load
+    generator's reuse window. Studies that do not say are of fan-out trees
+    (they predate the views)."""
+    return study.get("meta", {}).get("discovery_mode") == "view"
+
+
+def fit_rows(study: dict, costs: Costs, progress=lambda s: None, cores: int = 2) -> dict[str, list]:
     """``{kind: [(counts, measured seconds, "discovery" | "load", processes
     per core), ...]}``: every element of every run (per discovery) and of
     every load step (per call), counted by the simulator with ``costs``."""
@@ -145,15 +154,17 @@ def fit_rows(study: dict, costs: Costs, progress=lambda s: None) -> dict[str, li
     # depend only on the tree, the users and the costs (the simulation is deterministic)
     disc_counts: dict = {}
     load_counts: dict = {}
+    views = study_views(study)
     for run in study["runs"]:
         key = (run["shape"], run["n"])
         if key not in disc_counts:
-            disc_counts[key] = count_discovery(run["shape"], run["n"], costs)
+            disc_counts[key] = count_discovery(run["shape"], run["n"], costs, views=views, cores=cores)
         add(disc_counts[key], measured_cpu(run), "discovery")
         for step in load_steps(run):
             lkey = key + (step["users"],)
             if lkey not in load_counts:
-                load_counts[lkey] = count_load(run["shape"], run["n"], step["users"], costs)[0]
+                load_counts[lkey] = count_load(run["shape"], run["n"], step["users"], costs, views=views,
+                                               cores=cores)[0]
             cnt = {el: dict(c) for el, c in load_counts[lkey].items()}
             for c in cnt.values():          # a share of a core whatever the calls: seconds per call
                 c["background"] = 1.0 / step["rps"]
@@ -229,7 +240,9 @@ def _client_costs(costs: Costs, suite: dict | None) -> None:
 
 
 def fit(study: dict, suite: dict | None = None, *, max_load: float = 15.0, iterations: int = 3,
-        time_slice: float = TIME_SLICE, crowding: bool = False, progress=lambda s: None) -> Costs:
+        time_slice: float = TIME_SLICE, crowding: bool = False, progress=lambda s: None, cores: int = 2) -> Costs:
+    """Fit the costs to ``study`` (measured on one host of ``cores`` cores,
+    every process on it; the built-in costs: 2)."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, not {iterations}")
     if not time_slice >= 0.0:
@@ -238,7 +251,7 @@ def fit(study: dict, suite: dict | None = None, *, max_load: float = 15.0, itera
     _client_costs(costs, suite)
     passes = []
     for it in range(iterations):
-        rows = fit_rows(study, costs, progress)
+        rows = fit_rows(study, costs, progress, cores)
         costs.crowding, cols, quality = solve_crowding(rows, CROWDING_GRID if crowding else (0.0,))
         costs.wakeups = {k: v for k, v in cols["wakeups"].items()}
         costs.msgs = {**costs.msgs, **cols["msgs"]}
@@ -250,7 +263,7 @@ def fit(study: dict, suite: dict | None = None, *, max_load: float = 15.0, itera
         progress(f"  pass {it + 1}: " + "; ".join(
             f"{k} {costs.wake(k) * 1e6:.0f}+{costs.msg(k) * 1e6:.0f}+{costs.item(k) * 1e6:.2f} us" for k in FITTED)
             + f" (wake-up + message + item), crowding {costs.crowding:.3f}")
-    _fit_latency(study, costs, max_load, progress)
+    _fit_latency(study, costs, max_load, progress, cores)
     quality.pop("sse")
     costs.fit = {"quality": quality, "iterations": passes, "max_load": max_load,
                  "background": dict(cols["background"]),
@@ -288,10 +301,17 @@ def merge_studies(studies: list[tuple[str, dict]]) -> dict:
         m = s.get("meta", {})
         parts.append({"file": name, "runs": len(s["runs"]), "command": m.get("command", "?"),
                       "date": m.get("date", "?"), "cpus": m.get("cpus", "?")})
-    return {"meta": {"merged": parts}, "runs": runs}
+    views = {study_views(s) for _, s in studies}
+    if len(views) > 1:
+        raise ValueError("the studies were measured in different discovery modes (views and fan-out): "
+                         "fit them apart")
+    meta: dict = {"merged": parts}
+    if views == {True}:
+        meta["discovery_mode"] = "view"
+    return {"meta": meta, "runs": runs}
 
 
-def _fit_latency(study: dict, costs: Costs, max_load: float, progress) -> None:
+def _fit_latency(study: dict, costs: Costs, max_load: float, progress, cores: int = 2) -> None:
     """The latency of one local hop, with the share of a wake-up spent after
     the messages left (``wake_tail``) and the share of a message's CPU on
     zmq's I/O thread (``io_share``): for each pair of shares, the simulated
@@ -306,11 +326,12 @@ def _fit_latency(study: dict, costs: Costs, max_load: float, progress) -> None:
             costs.io_share, costs.wake_tail = share, tail
             bases, xs = [], []
             sims: dict = {}             # a tree measured in several studies is simulated once
+            views = study_views(study)
             for run in runs:
                 key = (run["shape"], run["n"])
                 if key not in sims:
-                    base = _median(run, costs, 0.0)
-                    sims[key] = (base, (_median(run, costs, 1e-4) - base) / 1e-4)
+                    base = _median(run, costs, 0.0, views, cores)
+                    sims[key] = (base, (_median(run, costs, 1e-4, views, cores) - base) / 1e-4)
                 bases.append(sims[key][0])
                 xs.append(sims[key][1])
             sse, lat = min((sum(math.log(max(b + x * L, 1e-9) / mm) ** 2 for b, x, mm in zip(bases, xs, meas)), L)
@@ -322,9 +343,9 @@ def _fit_latency(study: dict, costs: Costs, max_load: float, progress) -> None:
     _, costs.io_share, costs.wake_tail, costs.local_latency = best
 
 
-def _median(run: dict, costs: Costs, latency: float) -> float:
+def _median(run: dict, costs: Costs, latency: float, views: bool = False, cores: int = 2) -> float:
     c = Costs(**{**costs.__dict__, "local_latency": latency})
-    w = World(costs=c, seed=1).build(elements_for(run["shape"], run["n"]))
+    w = World(costs=c, seed=1, views=views, cores=cores, sed_cores=cores).build(elements_for(run["shape"], run["n"]))
     w.wait_registered()
     return discovery_series(w, rounds=60, warmup=5)["discovery_median_ms"] / 1e3
 
@@ -350,7 +371,7 @@ def cmd_calibrate(a) -> int:
     suite = loaded[0][1]
     study = merge_studies([(Path(f).name, s) for f, (s, _) in zip(files, loaded)])
     costs = fit(study, suite, max_load=a.max_load, iterations=a.iterations, time_slice=a.time_slice / 1e3,
-                crowding=a.crowding,
+                crowding=a.crowding, cores=a.cores or 2,
                 progress=lambda s: print(s, file=sys.stderr, flush=True))
     for k in ("ma", "la", "sed", "client", "locust"):
         print(f"  {k:7s} {costs.wake(k) * 1e6:8.1f} us/wake-up {costs.msg(k) * 1e6:8.1f} us/message "

@@ -3,6 +3,8 @@
     gridrpc sim run --seds 500 --shape flat            # discovery latency + calls/s on this host's model
     gridrpc sim run --seds 8 --engine simgrid --platform deployments/sim/two-sites.xml   # on SimGrid
     gridrpc sim calibrate -o costs.json                # fit costs to the stored measurements
+    gridrpc sim calibrate --quick -o host.json         # this host's profile: cores, single-core speed
+    gridrpc sim predict --study S.json --host-profile host.json   # a measured study, predicted step by step
     gridrpc sim validate --json v.json --plot v.png    # predicted vs measured, every stored tree
     gridrpc sim scale --seds 100000 --clients 10000    # shapes compared at scale (cluster placement)
     gridrpc sim trace FILE.swf [--policy least_wait_time] # replay an SWF job trace through batch SeDs
@@ -44,9 +46,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--shape", type=shape_arg, default="flat", help="flat, L2-D, L3-D, or agents per level like 1,8,64")
     r.add_argument("--users", type=positive_int, default=8)
     r.add_argument("--placement", choices=("single", "cluster"), default="single")
-    r.add_argument("--cores", type=positive_int, default=2)
+    r.add_argument("--cores", type=positive_int, default=None,
+                   help="cores of the host (default: the host profile's, else 2)")
+    r.add_argument("--speed", type=float, default=None,
+                   help="single-core speed relative to the costs' reference host (default: the profile's, else 1)")
+    r.add_argument("--host-profile", help="a host profile (gridrpc sim calibrate --quick -o FILE)")
     r.add_argument("--seed", type=int, default=1)
-    r.add_argument("--costs")
+    r.add_argument("--costs", help="costs file (default: the host profile's, else the built-in costs)")
+    r.add_argument("--no-views", dest="views", action="store_false",
+                   help="agents without pushed views: every discovery a fan-out (gridrpc ma|la --no-view); "
+                        "default: views, as the daemons")
+    r.add_argument("--reuse", type=float, default=None,
+                   help="the load generator's reuse window of view answers, s (default: gridrpc loadtest's)")
     from .simgrid_cli import add_engine_arguments
     add_engine_arguments(r)
     c = s.add_parser("calibrate", help="fit the costs to benchmarks' stored JSON results")
@@ -63,6 +74,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--crowding", action="store_true",
                    help="also fit a growth of every element's CPU with the processes per core "
                         "(x max(1, processes/cores) ** exponent); off: it did not improve the validation")
+    c.add_argument("--quick", action="store_true",
+                   help="only this host's profile (cores, single-core speed against the costs' reference host; "
+                        "a few seconds): write it with -o, use it with --host-profile")
+    c.add_argument("--cores", type=positive_int,
+                   help="the measured host's cores (default 2; --quick: those this process may use)")
     c.add_argument("-o", "--output")
     v = s.add_parser("validate", help="predict every stored tree of the scalability study, compare")
     v.add_argument("--study", action="append",
@@ -75,6 +91,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     v.add_argument("--seeds", type=positive_int, default=3, help="closed-loop runs per tree (the median is compared)")
     v.add_argument("--json")
     v.add_argument("--plot")
+    pr = s.add_parser("predict", help="predict a measured study on a host profile, every run and load step")
+    pr.add_argument("--study", action="append", required=True,
+                    help="python -m benchmarks.scalability --out FILE (repeatable)")
+    pr.add_argument("--host-profile", help="the host's profile (default: 2 cores, the reference speed)")
+    pr.add_argument("--cores", type=positive_int, help="override the profile's cores")
+    pr.add_argument("--speed", type=float, help="override the profile's speed")
+    pr.add_argument("--costs", help="costs file (default: the profile's, else the built-in costs)")
+    pr.add_argument("--views", action=argparse.BooleanOptionalAction, default=None,
+                    help="pushed views on/off (default: as the study was measured)")
+    pr.add_argument("--seeds", type=positive_int, default=1, help="closed-loop runs per load step (median)")
+    pr.add_argument("--tolerance", type=float, default=0.25)
+    pr.add_argument("--json")
     g = s.add_parser("scale", help="compare shapes at scale (agents and SeD processes on hosts of their own)")
     g.add_argument("--seds", type=positive_int, default=100000)
     g.add_argument("--clients", type=positive_int, default=10000)
@@ -104,9 +132,19 @@ def run(a) -> int:
         from .trace_cli import cmd_generate
         return cmd_generate(a)
     from .model import Costs
+    if a.sim_cmd == "calibrate" and a.quick:
+        from .host import quick_profile
+        prof = quick_profile(cores=a.cores)
+        if a.output:
+            prof.save(a.output)
+        print(json.dumps(prof.__dict__, indent=1))
+        return 0
     if a.sim_cmd == "calibrate":
         from .calibrate import cmd_calibrate
         return cmd_calibrate(a)
+    if a.sim_cmd == "predict":
+        from .host_check import cmd_predict
+        return cmd_predict(a)
     if a.sim_cmd == "validate":
         from .validate import cmd_validate
         return cmd_validate(a)
@@ -117,10 +155,16 @@ def run(a) -> int:
         from .simgrid_cli import cmd_run_simgrid
         return cmd_run_simgrid(a)
     if a.sim_cmd == "run":
+        from .host import HostProfile
         from .simgrid_cli import measure_tree
-        out = measure_tree("builtin", a.shape, a.seds, users=a.users, seed=a.seed, costs=Costs.load(a.costs),
-                           rounds=a.rounds, seconds=a.seconds, placement=a.placement, cores=a.cores)
+        from .world import LOADTEST_REUSE
+        prof = HostProfile.load(a.host_profile) if a.host_profile else HostProfile(cores=2)
+        cores = a.cores if a.cores is not None else prof.cores
+        speed = a.speed if a.speed is not None else prof.speed
+        out = measure_tree("builtin", a.shape, a.seds, users=a.users, seed=a.seed, costs=Costs.load(a.costs or prof.costs),
+                           rounds=a.rounds, seconds=a.seconds, placement=a.placement, cores=cores, speed=speed,
+                           views=a.views, reuse=LOADTEST_REUSE if a.reuse is None else a.reuse)
         print(json.dumps(out, indent=1))
         return 0
-    print("usage: gridrpc sim {run,calibrate,validate,scale,trace,trace-generate} ...", file=sys.stderr)
+    print("usage: gridrpc sim {run,calibrate,predict,validate,scale,trace,trace-generate} ...", file=sys.stderr)
     return 2

@@ -1,19 +1,34 @@
 """Simulated clients (:mod:`gridrpc.sim.elements`): a client process holds
 users; each user loops discover (+ call), and each call is a real
-:class:`~gridrpc.core.call.CallMachine`."""
+:class:`~gridrpc.core.call.CallMachine`. Replies become machine events
+through :func:`gridrpc.core.call_replies.reply_event`, as in the real
+drivers (:mod:`gridrpc.client.driver`).
+
+A client process with a reuse window (``ClientNode(reuse=S)``, the load
+generator's ``gridrpc loadtest --reuse-discovery``, 0.01 s by default)
+works as the gevent client (:mod:`gridrpc.loadtest.green`): each call's
+machine asks for candidates (``Discover``), answered from the real
+:class:`~gridrpc.client.reuse.ReusedAnswers` (a view answer of the last
+``S`` seconds, ranked again for the call), by joining a DISCOVER of the same
+key already out, or by a DISCOVER of its own; the answer is settled on every
+call that waited for it by ``ReusedAnswers.settle``."""
 from __future__ import annotations
 
 import random
 from typing import Callable
 
+from ..client.reuse import ReusedAnswers, answer_key, ask_for, server_failed
 from ..core import call as cm
 from ..core import messages as m
+from ..core.call_replies import pong_events, reply_event
 from ..core.messages import MsgType
 from .engine import FixedJob, Host
 from .model import BACKGROUND_PERIOD
 from .node import Node, Out
 
 __all__ = ["ClientNode", "User"]
+
+_T = {t.value: t for t in MsgType}
 
 
 class _Target:
@@ -38,6 +53,7 @@ class User:
         self.on_done = on_done
         self.max_age = max_age          # as Client.discover(max_age=): 0 always fans out
         self.machine: cm.CallMachine | None = None
+        self.chosen: str | None = None  # the server its call is counted on in the client's reuse window
         self.t_discover = self.t_call = 0.0
         self._tick_at: float | None = None
 
@@ -47,6 +63,14 @@ class User:
                 return
             self.left -= 1
         c = self.client
+        if self.call and c.reuse is not None:
+            self.t_discover = self.t_call = c.world.sim.now
+            self.machine = cm.CallMachine(self.service, (), policy=c.policy, new_id=c.new_id, discover=True)
+            if out is None:
+                c.local(lambda o: self._do(self.machine.handle(cm.Start(), c.world.sim.now), o))
+            else:
+                self._do(self.machine.handle(cm.Start(), c.world.sim.now), out)
+            return
         rid = c.new_id()
         c.pending[rid] = self
         self.t_discover = c.world.sim.now
@@ -90,29 +114,47 @@ class User:
 
     def _do(self, actions: list, out: Out) -> None:
         c = self.client
-        for a in actions:
-            ta = type(a)
-            if ta is cm.SendCall:
-                c.pending[a.id] = self
-                out.send(c.route, a.server.encode(), m.make(MsgType.CALL, a.id, sed=a.server, service=self.service,
-                                                            args=[], kwargs={}, user=self.user,
-                                                            optional=self.optional,
-                                                            ack_ms=self.machine.policy.ack_ms,
-                                                            **({"start_now": True} if a.start_now else {})))
-                self.machine.handle(cm.CallSent(), c.world.sim.now)
-            elif ta is cm.SendPing:
-                out.send(c.route, a.server.encode(), m.make(MsgType.PING, c.new_id(), ids=[a.id]))
-            elif ta is cm.SendCancel:
-                out.send(c.route, a.server.encode(), m.make(MsgType.CANCEL, a.id, sed=a.server))
-            elif ta is cm.Done or ta is cm.Fail:
-                now = c.world.sim.now
-                c.world.record_call(self, now - self.t_discover, now - self.t_call, ta is cm.Done)
-                self.machine = None
-                if self.on_done:
-                    self.on_done(self, a)
-                self.next_round(out)
-                return
+        while actions:
+            follow = None
+            for a in actions:
+                ta = type(a)
+                if ta is cm.Discover:
+                    follow = c.discover_for(self, a, out)
+                elif self._act(a, ta, out):
+                    return
+            actions = self.machine.handle(follow, c.world.sim.now) if follow is not None else None
         self._arm()
+
+    def _act(self, a, ta, out: Out) -> bool:
+        """Carry out one action of the machine; True when the call ended."""
+        c = self.client
+        if ta is cm.SendCall:
+            if self.chosen is not None and self.chosen != a.server:     # passed on: counted where it is
+                c.reuse.moved(self.chosen, a.server)
+                self.chosen = a.server
+            c.pending[a.id] = self
+            out.send(c.route, a.server.encode(), m.make(MsgType.CALL, a.id, sed=a.server, service=self.service,
+                                                        args=[], kwargs={}, user=self.user,
+                                                        optional=self.optional,
+                                                        ack_ms=self.machine.policy.ack_ms,
+                                                        **({"start_now": True} if a.start_now else {})))
+            self.machine.handle(cm.CallSent(), c.world.sim.now)
+        elif ta is cm.SendPing:
+            out.send(c.route, a.server.encode(), m.make(MsgType.PING, c.new_id(), ids=[a.id]))
+        elif ta is cm.SendCancel:
+            out.send(c.route, a.server.encode(), m.make(MsgType.CANCEL, a.id, sed=a.server))
+        elif ta is cm.Done or ta is cm.Fail:
+            now = c.world.sim.now
+            c.world.record_call(self, now - self.t_discover, now - self.t_call, ta is cm.Done)
+            if self.chosen is not None:
+                c.reuse.ended(self.chosen, failed=server_failed(self.machine, a), now=now)
+                self.chosen = None
+            self.machine = None
+            if self.on_done:
+                self.on_done(self, a)
+            self.next_round(out)
+            return True
+        return False
 
     def _arm(self) -> None:
         if self.machine is None:
@@ -141,12 +183,16 @@ class ClientNode(Node):
     kind = "client"
 
     def __init__(self, world, name: str, host: Host, ma: bytes, kind: str = "client",
-                 policy: cm.CallPolicy | None = None) -> None:
+                 policy: cm.CallPolicy | None = None, reuse: float = 0.0) -> None:
         super().__init__(world, name, host, kind)
         self.route = name.encode()
         self.ma = ma
         self.pending: dict[str, User] = {}
         self.policy = policy or cm.CallPolicy()
+        #: the load generator's reuse window (gridrpc loadtest --reuse-discovery): None, every call asks the MA
+        self.reuse: ReusedAnswers | None = ReusedAnswers(reuse) if reuse > 0 else None
+        self._joining: dict[tuple, list] = {}       # reuse key -> [(user, Discover)] waiting for the same ask
+        self._asks: dict[str, tuple] = {}           # DISCOVER id -> (user that asked, its Discover, reuse key)
         self._n = 0
         self.bg_wakeups = 0
         share = world.costs.bg(self.kind)
@@ -165,14 +211,81 @@ class ClientNode(Node):
         self._n += 1
         return f"{self.name}.{self._n}"
 
+    # -- the reuse window (as gridrpc.loadtest.green.GreenClient) ---------------------
+    def discover_for(self, user: User, a: cm.Discover, out: Out):
+        """A call's machine asks for candidates: a kept view answer at once
+        (``Discovered``), else it joins a DISCOVER of the same key already
+        out, else it sends one (None: the answer comes later)."""
+        reuse = self.reuse
+        key = answer_key(user.service, False, user.k, user.aggregator)
+        now = self.world.sim.now
+        servers = reuse.take(key, now)
+        if servers is not None:
+            return self._seat(user, servers, now)
+        joined = self._joining.get(key)
+        if joined is not None:
+            joined.append((user, a))
+            return None
+        self._joining[key] = []
+        self._ask(user, a, key, out)
+        return None
+
+    def _ask(self, user: User, a: cm.Discover, key: tuple, out: Out) -> None:
+        rid = self.new_id()
+        asked = ask_for(user.k, 1 + len(self._joining.get(key, ())), len(self.reuse.in_flight))
+        self._asks[rid] = (user, a, key)
+        user.t_discover = self.world.sim.now
+        h = m.make(MsgType.DISCOVER, rid, service=user.service, k=asked, user=user.user)
+        if user.aggregator is not None:
+            h["aggregator"] = user.aggregator
+        out.send(self.route, self.ma, h)
+
+    def _seat(self, user: User, ranked: list, now: float) -> cm.Discovered:
+        free = self.reuse.free(ranked, now)
+        user.chosen = self.reuse.begin(ranked)
+        user.t_call = now
+        return cm.Discovered(ranked[:user.k], free)
+
+    def _settle(self, rid: str, h: dict, out: Out) -> None:
+        """The MA's answer to an ask: recorded as a discovery, then settled
+        on the call that asked and those that joined it (the real
+        ``ReusedAnswers.settle``); the joiners it cannot seat ask again."""
+        user, own, key = self._asks.pop(rid)
+        now = self.world.sim.now
+        ok = h["type"] == "servers" and bool(h.get("servers"))
+        self.world.record_discovery(user, now - user.t_discover, h, ok)
+        calls = [(user, own)] + self._joining.pop(key, [])
+        if not ok:
+            event = cm.DiscoveryFailed(h.get("error", {}).get("kind", "no_server") if h["type"] == "error"
+                                       else "no_server", "no server")
+            for u, _own in calls:
+                if u.machine is not None and not u.machine.finished:
+                    u.event(event, out)
+            return
+        servers = [_Target(x["name"], x.get("address", ""), x.get("estimation")) for x in h["servers"]]
+        again = self.reuse.settle(key, servers, h.get("view") is True, now, calls, user,
+                                  lambda u, ranked: u.event(self._seat(u, ranked, now), out))
+        if again:
+            waiting = self._joining.get(key)
+            if waiting is not None:
+                waiting.extend(again)
+            else:
+                self._joining[key] = again[1:]
+                u, a = again[0]
+                self._ask(u, a, key, out)
+
+    # -- messages ----------------------------------------------------------------------
     def handle(self, src, dst, h, out: Out) -> None:
         t = h["type"]
-        rid = h.get("id", "")
-        if t == "pong" and isinstance(h.get("calls"), dict):
-            for cid, state in h["calls"].items():
-                u = self.pending.get(cid)
+        if t == "pong":
+            for pong in pong_events(h):
+                u = self.pending.get(pong.id)
                 if u is not None and u.machine is not None:
-                    u.event(cm.Pong(cid, state), out)
+                    u.event(pong, out)
+            return
+        rid = h.get("id", "")
+        if src == self.ma and rid in self._asks:
+            self._settle(rid, h, out)
             return
         u = self.pending.get(rid)
         if u is None:
@@ -183,13 +296,6 @@ class ClientNode(Node):
             return
         if u.machine is None:
             return
-        if t == "accepted":
-            u.event(cm.Accepted(rid, h.get("patience")), out)
-        elif t == "result":
+        if t in ("result", "error"):
             self.pending.pop(rid, None)
-            u.event(cm.Result(rid, h.get("value"), h.get("timing"), h.get("server")), out)
-        elif t == "error":
-            self.pending.pop(rid, None)
-            u.event(cm.Error(rid, h["error"], h.get("timing"), h.get("server")), out)
-        elif t == "cancelled":
-            u.event(cm.CancelAck(rid, h.get("state")), out)
+        u.event(reply_event(_T[t], h, h.get("value")), out)

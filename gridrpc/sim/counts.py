@@ -31,12 +31,16 @@ def _diff(before: dict, after: dict, per: int) -> dict[str, dict]:
     return out
 
 
-def count_discovery(shape: str, n: int, costs: Costs, rounds: int = 20) -> dict[str, dict]:
+def count_discovery(shape: str, n: int, costs: Costs, rounds: int = 20, *, views: bool = False,
+                    cores: int = 2) -> dict[str, dict]:
     """Wake-ups, messages, items (and worker runs: ``execs``; ``crowd``: element
     processes per core of its host) per sequential discovery (one blocking
-    client, k = 3, no heartbeats) of each element of the tree."""
+    client, k = 3, no heartbeats) of each element of the tree; ``views``:
+    the agents answer from pushed views (the daemons' default); ``cores``:
+    of the one host every process runs on."""
     from .client_node import User
-    w = World(costs=costs, seed=0, hb_interval=1000.0).build(elements_for(shape, n))
+    w = World(costs=costs, seed=0, hb_interval=1000.0, views=views, cores=cores,
+              sed_cores=cores).build(elements_for(shape, n))
     w.wait_registered()
     w.sim.run(until=w.sim.now + 0.05)           # registration traffic drained
     c = w.client("client", "client")
@@ -51,18 +55,24 @@ def count_discovery(shape: str, n: int, costs: Costs, rounds: int = 20) -> dict[
 
 
 def count_load(shape: str, n: int, users: int, costs: Costs, *, seconds: float = 0.5,
-               warmup: float = 0.3, min_calls_per_user: int = 3, limit: float = 4.0) -> tuple[dict[str, dict], float]:
+               warmup: float = 0.3, min_calls_per_user: int = 3, limit: float = 4.0,
+               views: bool = False, cores: int = 2) -> tuple[dict[str, dict], float]:
     """Wake-ups, messages, items and worker runs per call of each element
     (the load generator ``locust`` included) with ``users`` closed-loop users
     calling ``noop`` (discovery + call), no heartbeats; and the simulated
     calls/s. Counted over at least ``seconds`` after ``warmup``, and until
     every user made ``min_calls_per_user`` calls on average (a deep tree
     under load answers slowly: a short window would count work of calls
-    not finished in it), at most ``limit`` simulated seconds."""
+    not finished in it), at most ``limit`` simulated seconds. ``views``:
+    pushed views, and the load generator's reuse window of view answers
+    (``gridrpc loadtest``'s default), as the daemons and ``gridrpc loadtest``
+    run by default."""
     from .client_node import User
-    w = World(costs=costs, seed=1, hb_interval=1000.0).build(elements_for(shape, n))
+    from .world import LOADTEST_REUSE
+    w = World(costs=costs, seed=1, hb_interval=1000.0, views=views, cores=cores,
+              sed_cores=cores).build(elements_for(shape, n))
     w.wait_registered()
-    c = w.client("locust", "locust")
+    c = w.client("locust", "locust", LOADTEST_REUSE if views else 0.0)
     for i in range(users):
         u = User(c, f"u{i}", service="noop", k=3, call=True, calls=None, think=None, user=f"user{i}")
         w.sim.after(w.rng.random() * 1e-3, u.begin)

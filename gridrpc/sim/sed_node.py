@@ -10,7 +10,17 @@ Pushed state (``views``): every replica pushes its snapshot (a VIEW message)
 as the SeD runtime does (``SeD._view_changed`` / ``_push_view``): after its
 registration, then when its load changes, coalesced by the real
 :class:`~gridrpc.core.view.PushRule` (2 ms for a busy<->free change, 50 ms
-otherwise); its heartbeats confirm the snapshot at the parent."""
+otherwise); its heartbeats confirm the snapshot at the parent.
+
+Every answer (SERVERS, ACCEPTED, the owner check's refusal, busy, the
+errors of a stopped, dropped or forgotten call) comes from
+:mod:`gridrpc.core.sed_protocol` and the parent's acknowledgements are
+decided by :func:`gridrpc.core.parent_ack.parent_ack`, the functions the
+SeD runtime uses. Not simulated: the runtime's pause of the queues for the
+length of one socket read (``RunsMixin._read_begin``) and its send-ahead of
+the next queued call to a hot worker (``RunsMixin._send_ahead``); both
+matter for queued calls, which ``noop`` load on 1 slot per replica rarely
+has."""
 from __future__ import annotations
 
 import random
@@ -19,6 +29,9 @@ from ..core import messages as m
 from ..core.estimation import RunTimePredictor, estimation_vector
 from ..core.messages import MsgType
 from ..core.queue import SedScheduler, make_policy
+from ..core.parent_ack import parent_ack
+from ..core.sed_protocol import (accepted_header, busy_error, call_replica, discover_replicas, discover_reply,
+                                 drop_error, gone_error, not_owner_error, stop_error)
 from ..core.view import PushRule, load_key, sed_entry
 from ..core.sed_calls import CallRecord, CallState, Drop, Reacknowledge, Resend, Run, SedCalls, Stop, ack_delay
 from .engine import Host, Proc
@@ -28,7 +41,8 @@ __all__ = ["Replica", "SedNode"]
 
 
 class Replica:
-    __slots__ = ("name", "route", "scheduler", "predictor", "last_solve", "completed", "push", "push_gen")
+    __slots__ = ("name", "route", "scheduler", "predictor", "last_solve", "completed", "push", "push_gen",
+                 "attached")
 
     def __init__(self, name: str, scheduler: SedScheduler, predictor: RunTimePredictor) -> None:
         self.name, self.route = name, name.encode()
@@ -37,6 +51,7 @@ class Replica:
         self.completed = 0
         self.push = PushRule()          # when its snapshot goes to the parent (as the SeD runtime)
         self.push_gen = 0               # the pending push timer (a newer one cancels it)
+        self.attached = False           # the parent acknowledged it (core.parent_ack, as ParentLink)
 
 
 class SedNode(Node):
@@ -77,14 +92,16 @@ class SedNode(Node):
     def routes(self) -> list[bytes]:
         return list(self.replicas)
 
+    def _register_header(self, r: Replica) -> dict:
+        svc = [{"name": s, "doc": "", "params": []} for s in self.services]
+        return m.make(MsgType.REGISTER, self._id(), name=r.name, kind="sed", address=self.address,
+                      host=self.proc.host.name, pid=id(self) & 0xffffff, started=0.0, services=svc, elements=[],
+                      load={})
+
     def start(self, at: float) -> None:
         sim = self.world.sim
-        svc = [{"name": s, "doc": "", "params": []} for s in self.services]
-        info = {"kind": "sed", "address": self.address, "host": self.proc.host.name, "pid": id(self) & 0xffffff,
-                "started": 0.0}
         for r in self.replicas.values():
-            h = m.make(MsgType.REGISTER, self._id(), name=r.name, **info, services=svc, elements=[], load={})
-            sim.at(at, self.world.transmit, self, r.route, self.parent, h)
+            sim.at(at, self.world.transmit, self, r.route, self.parent, self._register_header(r))
             if self.views:          # SeD._register_info: the snapshot follows the REGISTER
                 sim.at(at, self.local, self._push_view, r, True, None)
         if self.hb_interval:
@@ -137,27 +154,25 @@ class SedNode(Node):
         t = h["type"]
         r = self.replicas[dst]
         if t == "discover":
-            names = h.get("names") if isinstance(h.get("names"), list) else [r.name]
-            mine = [self.by_name[n] for n in names if n in self.by_name] or [r]
+            mine = discover_replicas(h, r, self.by_name)
             service = h["service"]
-            if service in self.services:         # self.estimate(rep, service, now) of each
-                address, tags = self.address, self.host_tags
-                servers = [{"name": rep.name, "address": address, "estimation": estimation_vector(
-                    tags, "serial", scheduler=rep.scheduler, service=service, predictor=rep.predictor, now=now,
-                    last_solve=rep.last_solve)} for rep in mine]
-            else:
-                servers = []
-            self.estimates += len(servers)
+            tags = self.host_tags
+            estimations = [estimation_vector(                   # self.estimate(rep, service, now) of each
+                tags, "serial", scheduler=rep.scheduler, service=service, predictor=rep.predictor, now=now,
+                last_solve=rep.last_solve) for rep in mine] if service in self.services else None
+            reply = discover_reply(h, r.name, [rep.name for rep in mine], estimations, address=self.address)
+            self.estimates += len(reply["servers"])
             answered_at = self.answered_at
             for rep in mine:
                 answered_at[rep.name] = now
-            reply = m.make(MsgType.SERVERS, h["id"], name=r.name, servers=servers)
-            if len(mine) > 1:
-                reply["names"] = [rep.name for rep in mine]
             out.send(r.route, self.parent, reply)
         elif t == "call":
             self._on_call(src, r, h, now, out)
         elif t == "cancel":
+            if not self.calls.owned_by(h["id"], src):          # CallsMixin._on_cancel
+                out.send(r.route, src, m.error_header(h["id"], "refused", f"call {h['id']} belongs to another "
+                                                      "client: only its owner may cancel it"))
+                return
             call = self.calls.live.get(h["id"])
             state, actions = self.calls.cancel(h["id"], now)
             out.send(r.route, src, m.make(MsgType.CANCELLED, h["id"], state=state))
@@ -168,54 +183,73 @@ class SedNode(Node):
                 out.send(r.route, src, m.make(MsgType.PONG, h["id"], name=r.name))
             else:
                 ids = h.get("ids") or []
-                out.send(r.route, src, m.make(MsgType.PONG, h["id"], name=r.name,
-                                              calls={i: self.calls.state(i) for i in ids}))
-        elif t == "heartbeat_ack" and h.get("known") is not False:
-            if self.views and r.name in (h.get("view_missing") or ()):     # SeD._view_asked
+                out.send(r.route, src, m.make(MsgType.PONG, h["id"], name=r.name, calls={
+                    i: self.calls.state(i) if self.calls.owned_by(i, src) else "unknown" for i in ids}))
+        elif t == "heartbeat_ack" or t == "registered":
+            ack = parent_ack(MsgType(t), h, r.attached)       # as ParentLink
+            if ack.register:
+                r.attached = False
+                out.send(r.route, self.parent, self._register_header(r))
+                if self.views:                  # SeD._register_info: the snapshot follows the REGISTER
+                    self._push_view(out, r, True, None)
+                return
+            if self.views and r.name in ack.view_missing:       # SeD._view_asked
                 r.push_gen += 1                 # the runtime cancels its pending timer
                 self._push_view(out, r, True, None)
-        elif t == "heartbeat_ack":
-            svc = [{"name": s, "doc": "", "params": []} for s in self.services]
-            out.send(r.route, self.parent, m.make(
-                MsgType.REGISTER, self._id(), name=r.name, kind="sed", address=self.address,
-                host=self.proc.host.name, pid=id(self) & 0xffffff, started=0.0, services=svc, elements=[],
-                load={}))
-            if self.views:
-                self._push_view(out, r, True, None)
+            r.attached = True
 
     def _on_call(self, src: bytes, r: Replica, h: dict, now: float, out: Out) -> None:
-        dup = self.calls.duplicate(h["id"])
-        if isinstance(dup, Reacknowledge):
-            out.send(r.route, src, m.make(MsgType.ACCEPTED, h["id"], server=dup.call.sed))
+        """``CallsMixin._on_call`` without what a simulated call has not
+        (decoding, data, size and access limits); every answer from
+        :mod:`gridrpc.core.sed_protocol`, as the runtime's."""
+        cid = h["id"]
+        if not self.calls.owned_by(cid, src):
+            out.send(r.route, src, not_owner_error(cid, self.name))
             return
-        if isinstance(dup, Resend):
-            out.send(r.route, src, m.make(MsgType.RESULT, h["id"], value=None, server=h.get("sed")))
+        dup = self.calls.duplicate(cid)
+        if isinstance(dup, Reacknowledge):
+            dup.call.route = src
+            out.send(r.route, src, accepted_header(cid, dup.call.sed, running=dup.call.state is CallState.RUNNING,
+                                                   duplicate=True))
+            return
+        if isinstance(dup, Resend):             # the same answer again (a simulated RESULT carries no value)
+            out.send(r.route, src, m.make(MsgType.RESULT, cid, value=None, server=h.get("sed")))
             return
         if dup is not None:
-            out.send(r.route, src, m.error_header(h["id"], "result_gone", "result dropped"))
+            out.send(r.route, src, gone_error(cid, self.name, self.calls.cache.max_bytes))
             return
-        sed = h.get("sed") if h.get("sed") in self.by_name else r.name
-        if h.get("start_now") is True and not self.by_name[sed].scheduler.has_free_slot():
-            err = m.error_header(h["id"], "busy", f"SeD {sed} has no free slot now")
-            err["error"]["est_wait"] = self.estimate(self.by_name[sed], h["service"], now).get("est_wait", 0.0)
-            out.send(r.route, src, err)
+        rep = call_replica(h, self.by_name)
+        if rep is None:
+            out.send(r.route, src, m.error_header(cid, "no_server", f"no SeD named {h.get('sed')!r} here"))
             return
-        call = CallRecord(id=h["id"], sed=sed, service=h["service"], user=h.get("user") or "anonymous",
-                          optional=bool(h.get("optional")), received=now)
+        sed = rep.name
+        if h.get("start_now") is True and not rep.scheduler.has_free_slot():
+            out.send(r.route, src, busy_error(cid, sed, h["service"],
+                                              self.estimate(rep, h["service"], now).get("est_wait", 0.0)))
+            return
+        call = CallRecord(id=cid, sed=sed, service=h["service"], user=h.get("user") or "anonymous",
+                          optional=bool(h.get("optional")), received=now, owner=src)
         call.route = src            # type: ignore[attr-defined]
         call.gen = 0                # type: ignore[attr-defined]
         actions = self.calls.submit(call, now)
         self._apply(sed, actions, now, out)
         delay = ack_delay(self.ack_delay, call.state is CallState.RUNNING, True, h.get("ack_ms"))
         if delay <= 0:
-            out.send(self.by_name[sed].route, src, m.make(MsgType.ACCEPTED, call.id, server=sed))
+            out.send(rep.route, src, self._accepted(call))
         else:                                   # the runtime's rule (core.sed_calls.ack_delay)
             self.world.sim.after(delay, self._maybe_ack, call)
 
+    @staticmethod
+    def _accepted(call) -> dict:
+        return accepted_header(call.id, call.sed, running=call.state is CallState.RUNNING)
+
     def _maybe_ack(self, call) -> None:
         if self.calls.live.get(call.id) is call:
-            self.world.transmit(self, self.by_name[call.sed].route, call.route,
-                                m.make(MsgType.ACCEPTED, call.id, server=call.sed))
+            self.world.transmit(self, self.by_name[call.sed].route, call.route, self._accepted(call))
+
+    def _timing(self, call, now: float) -> dict:
+        """``RunsMixin.timing``: the answer's server and timing."""
+        return {"server": call.sed, "timing": {"received": call.received, "started": call.started, "ended": now}}
 
     def _apply(self, sed: str, actions: list, now: float, out: Out) -> None:
         for a in actions:
@@ -223,13 +257,12 @@ class SedNode(Node):
                 self._run(a.call, now)
             elif isinstance(a, Stop):
                 a.call.gen += 1
-                kind = "preempted" if a.reason == "preempted" else "cancelled"
-                out.send(self.by_name[a.call.sed].route, a.call.route, m.error_header(
-                    a.call.id, kind, f"call {a.reason}", server=a.call.sed))
+                out.send(self.by_name[a.call.sed].route, a.call.route,
+                         stop_error(a.call.id, a.reason, a.call.sed, **self._timing(a.call, now)))
                 self._complete(a.call, ok=False, now=now, out=out)
             elif isinstance(a, Drop):
-                out.send(self.by_name[a.call.sed].route, a.call.route, m.error_header(
-                    a.call.id, "cancelled", "call cancelled while queued", server=a.call.sed))
+                out.send(self.by_name[a.call.sed].route, a.call.route,
+                         drop_error(a.call.id, **self._timing(a.call, now)))
                 self._complete(a.call, ok=False, now=now, out=out)
         if self.views:
             self._view_changed(self.by_name[sed], now)

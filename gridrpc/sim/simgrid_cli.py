@@ -45,18 +45,21 @@ def shape_arg(text: str):
 def measure_tree(engine: str, shape, seds: int, *, users: int = 8, seed: int = 1, costs: Costs | None = None,
                  rounds: int = 200, seconds: float = 1.5, warmup: float = 0.3, platform: str | None = None,
                  cores: int = 2, placement: str = "single", network_model: str = "CM02",
-                 cpu_sharing: str = "slice") -> dict:
+                 cpu_sharing: str = "slice", speed: float = 1.0, views: bool = False, reuse: float = 0.0) -> dict:
     """``gridrpc sim run``'s figures of one tree: ``rounds`` sequential
     discoveries in one world, ``users`` closed-loop users for ``seconds``
     in another. ``engine`` ``simgrid``: each world is a SimGrid run of
-    ``platform`` in a child process."""
+    ``platform`` in a child process. Built-in engine: ``speed`` of the
+    host (:mod:`gridrpc.sim.host`), pushed ``views``, the load generator's
+    ``reuse`` window of view answers (:func:`gridrpc.sim.world.closed_loop`)."""
     costs = costs or Costs.load(None)
     els = elements_for(shape_arg(shape) if isinstance(shape, str) else shape, seds)
     t = time.perf_counter()
     if engine == "builtin":
-        kw = dict(costs=costs, seed=seed, placement=placement, cores=cores, sed_cores=cores)
+        kw = dict(costs=costs, seed=seed, placement=placement, cores=cores, sed_cores=cores, speed=speed,
+                  views=views)
         d = _series(World(**kw), els, rounds)
-        c = _loop(World(**kw), els, users, seconds, warmup)
+        c = _loop(World(**kw), els, users, seconds, warmup, reuse)
     elif engine == "simgrid":
         if not platform:
             raise ValueError("the SimGrid engine needs a platform file (--platform FILE.xml)")
@@ -82,10 +85,10 @@ def _series(w: World, els, rounds: int) -> dict:
     return discovery_series(w, rounds=rounds)
 
 
-def _loop(w: World, els, users: int, seconds: float, warmup: float) -> dict:
+def _loop(w: World, els, users: int, seconds: float, warmup: float, reuse: float = 0.0) -> dict:
     w.build(els)
     w.wait_registered()
-    return closed_loop(w, users, seconds=seconds, warmup=warmup)
+    return closed_loop(w, users, seconds=seconds, warmup=warmup, reuse=reuse)
 
 
 def sg_world(platform: str, kw: dict):

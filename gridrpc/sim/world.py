@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..core.agent_roles import LocalRole, MasterRole
+from ..loadtest.config import LoadConfig
 from .elements import AgentNode, ClientNode, SedNode, User, size
 from .engine import Host, Network, Sim
 from .model import NOOP, Costs, ServiceModel
@@ -174,9 +175,11 @@ class World:
             node.start(0.01 * depth[e.name])
         return self
 
-    def client(self, name: str = "client", kind: str = "client") -> ClientNode:
+    def client(self, name: str = "client", kind: str = "client", reuse: float = 0.0) -> ClientNode:
+        """A client process; ``reuse``: its reuse window of view answers
+        (s; 0: every call asks the MA; :class:`ClientNode`)."""
         host = self._host_for(kind, name)
-        c = ClientNode(self, name, host, b"MA", kind)
+        c = ClientNode(self, name, host, b"MA", kind, reuse=reuse)
         self.routes[c.route] = c
         self.clients.append(c)
         return c
@@ -344,6 +347,10 @@ def _kind_of(world: World, name: str) -> str:
 
 
 # -- workloads ---------------------------------------------------------------------------
+#: ``gridrpc loadtest``'s default ``--reuse-discovery`` (s): the window the measured load steps ran with
+LOADTEST_REUSE = LoadConfig.reuse_discovery
+
+
 def discovery_series(world: World, rounds: int = 300, warmup: int = 20, *, service: str = "noop", k: int = 3,
                      kind: str = "client", limit: float = 600.0) -> dict:
     """One client, ``rounds`` sequential discoveries after ``warmup`` (the
@@ -363,10 +370,13 @@ def discovery_series(world: World, rounds: int = 300, warmup: int = 20, *, servi
 
 
 def closed_loop(world: World, users: int, *, seconds: float = 2.0, warmup: float = 0.3, service: str = "noop",
-                k: int = 3, kind: str = "locust", clients: int = 1, think: float = 0.0) -> dict:
+                k: int = 3, kind: str = "locust", clients: int = 1, think: float = 0.0, reuse: float = 0.0) -> dict:
     """``users`` users in ``clients`` client processes, each calling (discovery
-    + call) back to back (``gridrpc loadtest``: closed loop, no wait)."""
-    procs = [world.client(f"{kind}{i}" if clients > 1 else kind, kind) for i in range(clients)]
+    + call) back to back (``gridrpc loadtest``: closed loop, no wait).
+    ``reuse``: the load generator's reuse window of view answers
+    (``gridrpc loadtest --reuse-discovery``, :data:`LOADTEST_REUSE`); 0:
+    every call asks the MA."""
+    procs = [world.client(f"{kind}{i}" if clients > 1 else kind, kind, reuse) for i in range(clients)]
     tfn = (lambda rng: rng.expovariate(1.0 / think)) if think > 0 else None
     for i in range(users):
         c = procs[i % clients]

@@ -25,6 +25,7 @@ from typing import Callable
 
 from ..core import messages as m
 from ..core.messages import MsgType
+from ..core.parent_ack import parent_ack
 from .channel import Channel, connect_dealer, routing_id
 
 log = logging.getLogger(__name__)
@@ -113,17 +114,17 @@ class ParentLink:
         now = time.monotonic()
         if mt in (MsgType.REGISTERED, MsgType.HEARTBEAT_ACK):
             self.last_ack = now
-            if mt is MsgType.HEARTBEAT_ACK and not h.get("known", True):
+            ack = parent_ack(mt, h, self.attached)
+            if ack.register:
                 log.info("%s: parent %s does not know us: registering again", self.name, self.parent)
                 self.attached = False           # its REGISTERED makes us attached again (on_attached)
                 self._send_register()
                 return
-            missing = h.get("view_missing")     # validated at parse: a list of element names
-            if missing and self.on_view_missing is not None and self.attached:
+            if ack.view_missing and self.on_view_missing is not None:
                 log.info("%s: parent %s lacks %d snapshot(s): pushing them again", self.name, self.parent,
-                         len(missing))
-                self.on_view_missing(missing)
-            if not self.attached:
+                         len(ack.view_missing))
+                self.on_view_missing(list(ack.view_missing))
+            if ack.attached_now:
                 log.info("%s: attached to parent %s", self.name, self.parent)
                 if self.on_attached is not None:
                     self.on_attached()

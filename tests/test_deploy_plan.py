@@ -291,3 +291,37 @@ def test_pack_makes_one_sed_process_per_core_of_each_host():
     # a host without 'cores' elsewhere than here counts one core: one process per parent
     data, _ = plan(40, {"far": {}}, F, pack=True, name="p", max_levels=1)
     assert len(data["seds"]) == 1 and data["seds"][0]["replicas"] == 40
+
+
+def test_a_host_range_names_every_host_and_numbers_its_values(tmp_path):
+    from gridrpc.deploy.plan import _load_hosts, expand_hosts
+    assert expand_hosts("node[8-11]") == ["node8", "node9", "node10", "node11"]
+    assert expand_hosts("n[098-100].lan") == ["n098.lan", "n099.lan", "n100.lan"]
+    assert expand_hosts("front") == ["front"]
+    f = tmp_path / "hosts.yaml"
+    f.write_text('hosts:\n  front: {agents: true, seds: 0}\n'
+                 '  node[1-3]: {launcher: ssh, ssh: "grid@node[1-3]", cores: 4, seds: 4}\n')
+    hosts = _load_hosts(str(f))
+    assert list(hosts) == ["front", "node1", "node2", "node3"]
+    assert hosts["node2"] == {"launcher": "ssh", "ssh": "grid@node2", "cores": 4, "seds": 4}
+    data, _ = plan(12, hosts, F, max_levels=1)
+    assert {s["host"] for s in data["seds"]} == {"node1", "node2", "node3"}
+    assert data["hosts"]["node3"]["ssh"] == "grid@node3"
+    f.write_text("hosts:\n  node[1-3]: {}\n  node2: {}\n")
+    with pytest.raises(ConfigError, match="host node2 is named twice"):
+        _load_hosts(str(f))
+    f.write_text("hosts:\n  node[3-1]: {}\n")
+    with pytest.raises(ConfigError, match="3 > 1"):
+        _load_hosts(str(f))
+
+
+@pytest.mark.parametrize("value", [
+    {"name": "sed-node1-3", "parent": "LA1-2", "host": "node1", "examples": True, "replicas": 17},
+    {"services": ["gridrpc.examples.services:sleep", "m:f,idempotent=false"]},
+    {"ssh": "grid@node1", "x": "yes", "y": "No", "z": "null", "w": "a b", "v": "1.5", "u": 7, "t": False},
+    {"address": "10.0.0.1", "python": "/opt/venv/bin/python", "args": ["--x", "-1"]},
+])
+def test_the_fast_writer_writes_what_yaml_writes(value):
+    from gridrpc.deploy.plan import _flow
+    assert _flow(value) == yaml.safe_dump(value, default_flow_style=True, width=10 ** 6, sort_keys=False).strip()
+    assert yaml.safe_load(_flow(value)) == value

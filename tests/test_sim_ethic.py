@@ -237,3 +237,29 @@ def test_the_ethic_scheduler_pays_per_queued_request_fcfs_does_not():
     assert sed_cpu(CAL, queue_options={"accounting": "virtual"}) > sed_cpu(
         no_sched, queue_options={"accounting": "virtual"})
     assert sed_cpu(CAL, queue="fcfs", n_submit=10) == sed_cpu(no_sched, queue="fcfs", n_submit=10)
+
+
+def test_the_scenario_table_puts_predicted_beside_measured(tmp_path):
+    """A validated point (a stored run of night-consecutive, ethic
+    cumulative, whose real runs completed 1000 more than the model): its
+    row in the per-scenario table, rendered again from the --json file."""
+    from gridrpc.experiments.sim_validate import main as validate_main, scenario_markdown
+    cfg = EthicConfig(scenario="night-consecutive", seds=3, clients=3, n_max=30, time_scale=0.05, runs=2)
+    stored = run_simulated(cfg, overheads=CAL, progress=lambda s: None)
+    stored = {"config": stored["config"], "runs": stored["runs"]}
+    sim_completed = sorted(r["completed"] for r in stored["runs"])
+    for r in stored["runs"]:
+        r["completed"] += 1000
+    row = validate_point(stored, overheads={"calibrated": CAL, "zero": Overheads.zero()})
+    row["point"] = "night-consecutive.ethic-cumulative"
+    table = scenario_markdown([row]).splitlines()
+    assert len(table) == 3 and table[2].startswith("| night-consecutive | ethic-cumulative | 0 / 0 | ")
+    measured, predicted = table[2].split(" | ")[-1].rstrip(" |").split(" / ")
+    assert predicted.endswith(" ✗") and float(predicted.split()[0]) in [float(c) for c in sim_completed] + [
+        (sim_completed[0] + sim_completed[-1]) / 2]
+    assert measured.startswith(f"{row['real']['completed']['median']:g} (")
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps([row]))
+    out = tmp_path / "s.md"
+    assert validate_main([str(tmp_path), "--from-json", str(path), "--scenarios", str(out)]) == 0
+    assert out.read_text().splitlines() == table

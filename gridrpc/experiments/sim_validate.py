@@ -25,7 +25,7 @@ from .ethic import EthicConfig
 from .overheads import Overheads
 from .sim_run import simulate_once
 
-__all__ = ["METRICS", "validate_point", "validate", "fit_client_start", "measure_sched", "main"]
+__all__ = ["METRICS", "validate_point", "validate", "fit_client_start", "measure_sched", "scenario_markdown", "main"]
 
 METRICS = ("unhappy_users", "unfairness", "completed", "killed")
 
@@ -183,6 +183,39 @@ def markdown(rows: list[dict], label: str = "calibrated") -> str:
     return "\n".join(lines)
 
 
+SCENARIOS = ("night-simultaneous", "night-consecutive", "day-regular", "day-diurnal", "day-diurnal-random")
+#: the points of the per-scenario table: both ethic rules, and legacy at the paper's ideal n_submit of the
+#: night (100) and its best of day-regular (190)
+TABLE_POINTS = ("ethic-cumulative", "ethic-virtual", "legacy-100", "legacy-190")
+
+
+def scenario_markdown(rows: list[dict], label: str = "calibrated", scale: str = "scale-twelfth") -> str:
+    """Predicted against measured for the five scenarios of the paper (the
+    points of :data:`TABLE_POINTS`) and the 138-SeD scale run ``scale``:
+    unhappy users, unfairness and completed requests, the measured median
+    with the real runs' min–max, the simulated median of the same seeds."""
+    by = {r["point"]: r for r in rows}
+    lines = ["| scenario | point | unhappy, measured / predicted | unfairness, measured (min–max) / predicted "
+             "| completed, measured (min–max) / predicted |", "|---|---|---|---|---|"]
+    names = [(sc, f"{sc}.{p}") for sc in SCENARIOS for p in TABLE_POINTS]
+    names += [("138 SeDs, 100 users", f"{scale}.ethic-cumulative"), ("138 SeDs, 100 users", f"{scale}.ethic-virtual")]
+    for sc, name in names:
+        row = by.get(name)
+        if row is None:
+            continue
+        r, s = row["real"], row[label]
+        cells = []
+        for k in ("unhappy_users", "unfairness", "completed"):
+            mark = "" if s["within"][k] else " ✗"
+            if k == "unhappy_users":
+                cells.append(f"{_fmt(r[k]['median'], k)} / {_fmt(s[k]['median'], k)}{mark}")
+            else:
+                cells.append(f"{_fmt(r[k]['median'], k)} ({_fmt(r[k]['min'], k)}–{_fmt(r[k]['max'], k)}) / "
+                             f"{_fmt(s[k]['median'], k)}{mark}")
+        lines.append(f"| {sc} | {name.split('.', 1)[1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def counts(rows: list[dict], label: str) -> dict[str, int]:
     return {k: sum(1 for r in rows if r[label]["within"][k]) for k in METRICS} | {"points": len(rows)}
 
@@ -227,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the comparison here")
     ap.add_argument("--markdown", default=None, help="write the table here")
     ap.add_argument("--plot", default=None, help="write a PNG here")
+    ap.add_argument("--scenarios", default=None,
+                    help="write the per-scenario table (predicted vs measured) here, as markdown")
+    ap.add_argument("--from-json", default=None,
+                    help="read the comparison from this --json file instead of simulating (tables, counts, plot)")
     ap.add_argument("--fit-start", action="store_true", help="only fit the client start-up cost and print it")
     ap.add_argument("--measure-sched", action="store_true",
                     help="only measure the ethic scheduler's CPU per queued request and print it")
@@ -244,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     overheads = {"calibrated": Overheads.from_costs().scaled(a.overhead_factor), "zero": Overheads.zero()}
-    rows = validate(a.data, only=a.only, progress=lambda s: print(s, file=sys.stderr), overheads=overheads)
+    if a.from_json:
+        rows = json.loads(Path(a.from_json).read_text())
+    else:
+        rows = validate(a.data, only=a.only, progress=lambda s: print(s, file=sys.stderr), overheads=overheads)
     if not rows:
         print(f"sim_validate: no stored runs in {a.data}", file=sys.stderr)
         return 2
@@ -255,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     if a.markdown:
         Path(a.markdown).write_text(markdown(rows) + "\n")
+    if a.scenarios:
+        Path(a.scenarios).write_text(scenario_markdown(rows) + "\n")
     if a.plot:
         plot(rows, a.plot)
     return 0

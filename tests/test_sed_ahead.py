@@ -1,4 +1,4 @@
-"""A SeD keeps its worker hot (docs/performance.md, "A worker kept hot"):
+"""A SeD keeps its worker hot (docs/architecture.md, "A call, step by step"):
 with one call running in an FCFS queue, the next queued call of an
 idempotent service waits in the worker's pipe. Seen from a client nothing
 changes: results, order, cancellation of queued calls (a call sent ahead

@@ -1,8 +1,8 @@
 """WorkerPool.start_now: a call handed to an idle worker from the current
 loop callback, its end reported by a plain callback (no task, no future) —
 real worker processes. The SeD starts the next call of a queue from the
-callback that read the previous call's answer (docs/performance.md,
-"A worker gets the next call from the callback that ended the last")."""
+callback that read the previous call's answer (docs/architecture.md,
+"A call, step by step")."""
 from __future__ import annotations
 
 import asyncio

@@ -388,9 +388,10 @@ class GreenClient(OptionViews):
     def _seat(self, call: _GreenCall, ranked: list, k: int, now: float) -> Discovered:
         """``call`` takes the answer ``ranked`` for it: counted in flight on
         its first server, its first ``k`` servers as candidates, a probe when
-        that server is free by this client's count, else queued there."""
+        that server and another candidate are free by this client's count,
+        else queued there (``ReusedAnswers.probe``)."""
         reuse = self._reuse
-        free = reuse.free(ranked, now)
+        free = reuse.probe(ranked, k, now)
         call.chosen = reuse.begin(ranked)
         return Discovered(ranked[:k], free)
 

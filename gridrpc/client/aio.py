@@ -284,11 +284,10 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
     def _seat(self, call: Call, ranked: list, k: int, now: float) -> Discovered:
         """``call`` takes the answer ``ranked`` for it (gridrpc.client.reuse):
         counted in flight on its first server, its first ``k`` servers as
-        candidates, a late-binding probe when that server and another
-        candidate are free by this client's count, else queued there
-        (``ReusedAnswers.probe``)."""
+        candidates, a late-binding probe when that server is free by this
+        client's count, else queued there."""
         reuse = self._reuse
-        free = reuse.probe(ranked, k, now)
+        free = reuse.free(ranked, now)
         call._chosen = reuse.begin(ranked)
         return Discovered(ranked[:k], free)
 

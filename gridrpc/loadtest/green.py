@@ -388,10 +388,9 @@ class GreenClient(OptionViews):
     def _seat(self, call: _GreenCall, ranked: list, k: int, now: float) -> Discovered:
         """``call`` takes the answer ``ranked`` for it: counted in flight on
         its first server, its first ``k`` servers as candidates, a probe when
-        that server and another candidate are free by this client's count,
-        else queued there (``ReusedAnswers.probe``)."""
+        that server is free by this client's count, else queued there."""
         reuse = self._reuse
-        free = reuse.probe(ranked, k, now)
+        free = reuse.free(ranked, now)
         call.chosen = reuse.begin(ranked)
         return Discovered(ranked[:k], free)
 

@@ -1,7 +1,8 @@
 """The daemon commands: ``gridrpc ma``, ``gridrpc la``, ``gridrpc sed``
-(plain, batch or cloud): their arguments, and running one until it is
-stopped. The security and access options are in
-:mod:`gridrpc.cli.security`."""
+(plain, batch, cloud, or any kind of SeD registered in
+:mod:`gridrpc.sed.backends.registry`, which brings its own flags and builds
+its SeD): their arguments, and running one until it is stopped. The
+security and access options are in :mod:`gridrpc.cli.security`."""
 from __future__ import annotations
 
 import argparse
@@ -175,10 +176,10 @@ def _add_sed_parser(sub) -> None:
     p.add_argument("--orphan-call-timeout", type=float, default=30.0,
                    help="a call whose client sent nothing (no ping) for this long is orphaned: killed or "
                         "left to finish per its service's on_orphan policy, s (default 30)")
-    from ..sed.cloud.cli import add_cloud_arguments
-    add_cloud_arguments(p)
-    from ..sed.batch.cli import add_batch_arguments
-    add_batch_arguments(p)
+    from ..sed.backends.registry import kinds
+    for kind in kinds():                # each kind of SeD adds its flags (--batch, --cloud-config, ...)
+        if kind.add_arguments is not None:
+            kind.add_arguments(p)
 
 
 def setup_logging(level: str) -> None:
@@ -269,16 +270,8 @@ def cmd_daemon(a: argparse.Namespace) -> int:
             if data:
                 from ..sed.data import DataConfig
                 hb["data"] = DataConfig(**data)
-            from ..sed.batch.cli import make_batch_sed, wants_batch
-            from ..sed.cloud.cli import make_cloud_sed, wants_cloud
-            if wants_batch(a):
-                d = make_batch_sed(a, address, hb)
-            elif wants_cloud(a):
-                d = make_cloud_sed(a, address, hb)
-            else:
-                d = _plain_sed(a, address, hb)
-                if d is None:
-                    return 2
+            from ..sed.backends.registry import kind_for_args
+            d = kind_for_args(a).build(a, address, hb)      # plain, batch, cloud... (the flags given)
         run_daemon(d, ready=ready_writer(a.ready_file))
     except GridRPCError as exc:
         print(f"gridrpc {a.cmd}: error: {exc}", file=sys.stderr)
@@ -286,34 +279,6 @@ def cmd_daemon(a: argparse.Namespace) -> int:
     except OSError as exc:          # e.g. the MA's HTTP port (aiohttp) is taken
         print(f"gridrpc {a.cmd}: error: {_os_error_text(a, exc)}", file=sys.stderr)
         return 2
-
-
-def _plain_sed(a: argparse.Namespace, address: str, hb: dict):
-    from ..sed import SeD
-    opts = {}
-    if a.kill_grace is not None:
-        opts["kill_grace"] = a.kill_grace
-    if a.gather is not None:
-        opts["gather"] = a.gather
-    d = SeD(a.name, a.parent, address=address, max_concurrent=a.max_concurrent, queue=a.queue,
-            replicas=a.replicas, workers=a.workers, isolation=a.isolation, prestart_workers=a.prestart_workers,
-            max_message_size=a.max_message_size, orphan_timeout=a.orphan_timeout,
-            max_arg_bytes_per_user=a.max_arg_bytes_per_user,
-            result_cache_bytes=a.result_cache_bytes, orphan_call_timeout=a.orphan_call_timeout,
-            queue_options=opts, **hb)
-    specs = list(a.service)
-    if a.examples:
-        from ..examples.services import ALL
-        specs += [f"gridrpc.examples.services:{s}" for s in ALL]
-    if not specs:
-        print("gridrpc sed: error: give at least one --service MODULE:FUNC (or --examples)", file=sys.stderr)
-        return None
-    from ..sed.services import split_spec_options
-    for spec in specs:
-        spec, options = split_spec_options(spec)     # [NAME=]MODULE:FUNC[,idempotent=false][,on_orphan=kill]
-        name, _, target = spec.rpartition("=")
-        d.add_service(name or target.rsplit(":", 1)[-1], target, **options)
-    return d
 
 
 def _os_error_text(a: argparse.Namespace, exc: OSError) -> str:

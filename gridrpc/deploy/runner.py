@@ -32,6 +32,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from .launchers import LocalLauncher, SlurmLauncher, SSHHostConfig, SSHLauncher, Started
+from .schema import SED_KEYS
 from .spec import DeploymentSpec, ElementSpec, HostSpec
 from .startup import StartUp, say, allocation_nodes
 from .state import (  # noqa: F401 - DeployError, format_status, state_root: what `gridrpc deploy` uses with Deployment
@@ -262,12 +263,10 @@ class Deployment(StartUp, TearDown, DeploymentState):
             for key, flag in (("allow", "--allow"), ("groups", "--group")):
                 for name, users in (o.get(key) or {}).items():
                     cmd += [flag, f"{name}={','.join(users)}"]
-            if o.get("kind") == "cloud":
-                from ..sed.cloud.config import cloud_cli_args
-                cmd += cloud_cli_args(o)
-            if o.get("kind") == "batch":      # gridrpc sed --batch ... (docs/batch.md)
-                from ..sed.batch.config import batch_settings, config_to_cli, parse_batch_config
-                cmd += config_to_cli(parse_batch_config(batch_settings(o), what=f"SeD {e.name}"))
+            from ..sed.backends.registry import DEFAULT_KIND, get_kind
+            kind = get_kind(o.get("kind") or DEFAULT_KIND)    # gridrpc sed --batch ..., --cloud ... (its flags)
+            if kind.entry_args is not None:
+                cmd += kind.entry_args(kind.settings(o, SED_KEYS), f"SeD {e.name}")
             cmd += [str(a) for a in o.get("args") or []]
         return cmd
 

@@ -3,7 +3,8 @@
 :func:`load_yaml` reads the YAML and remembers the line of every key and
 value (PyYAML's node marks); :func:`check` validates every section with
 pydantic models plus the rules pydantic cannot express (parents, unique
-names, hosts, the batch and cloud settings of their own parsers), and
+names, hosts, the settings of each kind of SeD by its own parser: see
+:mod:`gridrpc.sed.backends.registry`), and
 collects *every* problem; :func:`format_problems` turns them into one
 message, one line per problem, each naming the file, the line and the field::
 
@@ -207,15 +208,12 @@ def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[P
     seds = []
     for i, sed in enumerate(_list(data, "seds", problems)):
         loc = ("seds", i)
-        kind = sed.get("kind") if isinstance(sed, dict) else None
-        if kind == "batch":
-            from ..sed.batch.config import BATCH_KEYS
-            _unknown(sed, SED_KEYS | BATCH_KEYS, loc, problems)
-        elif kind != "cloud":                # cloud entries: the cloud parser names unknown keys
-            _unknown(sed, SED_KEYS, loc, problems)
+        kind = _sed_kind(sed)
+        if kind is None or not kind.names_unknown_keys:     # else its own parser names them
+            _unknown(sed, SED_KEYS | (kind.keys if kind is not None else frozenset()), loc, problems)
         model = _validate(SedModel, sed, loc, problems)
         seds.append(model)
-        if isinstance(sed, dict) and kind in ("batch", "cloud"):
+        if kind is not None and kind.check_entry is not None:
             _kind_settings(sed, kind, loc, problems)
 
     checked = Checked(top=top, heartbeat=hb, plugins=plugins, security=security, master_agents=mas,
@@ -225,18 +223,24 @@ def check(data: Any, lines: Lines | None = None) -> tuple[Checked | None, list[P
     return checked, problems
 
 
-def _kind_settings(sed: dict, kind: str, loc: Loc, problems: list[Problem]) -> None:
-    """Batch and cloud settings, checked by their own parsers (one source of truth)."""
+def _sed_kind(sed: Any):
+    """The registered kind of a SeD entry (:mod:`gridrpc.sed.backends.registry`);
+    None when the entry is not a mapping or its ``kind`` is unknown (the model
+    reports that)."""
+    from ..sed.backends.registry import DEFAULT_KIND, get_kind, kind_names
+    if not isinstance(sed, dict):
+        return None
+    name = sed.get("kind") or DEFAULT_KIND
+    return get_kind(name) if isinstance(name, str) and name in kind_names() else None
+
+
+def _kind_settings(sed: dict, kind, loc: Loc, problems: list[Problem]) -> None:
+    """The settings of a kind of SeD (batch, cloud...), checked by its own parser (one source of truth)."""
     what = f"SeD {sed.get('name')}"
+    if not kind.names_unknown_keys and set(sed) - SED_KEYS - kind.keys:
+        return                                   # reported as unknown keys already
     try:
-        if kind == "batch":
-            from ..sed.batch.config import BATCH_KEYS, batch_settings, parse_batch_config
-            if set(sed) - SED_KEYS - BATCH_KEYS:
-                return                                   # reported as unknown keys already
-            parse_batch_config(batch_settings(sed), what=what)
-        else:
-            from ..sed.cloud.config import CLOUD_KEYS, parse_cloud_config
-            parse_cloud_config({k: v for k, v in sed.items() if k in CLOUD_KEYS or k not in SED_KEYS}, what=what)
+        kind.check_entry(kind.settings(sed, SED_KEYS), what)
     except ConfigError as exc:
         text = str(exc)
         problems.append(Problem(loc + (_key_named(text, sed, what),), text))

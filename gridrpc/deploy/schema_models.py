@@ -50,6 +50,16 @@ def _ethic_option(v: float | None, info: ValidationInfo) -> float | None:
     return v
 
 
+def _sed_kind(v: str | None) -> str | None:
+    """A kind of SeD registered in :mod:`gridrpc.sed.backends.registry`."""
+    from ..sed.backends.registry import kind_names
+    names = kind_names()
+    if v is not None and v not in names:
+        quoted = [repr(n) for n in names]
+        raise ValueError(f"must be {', '.join(quoted[:-1])} or {quoted[-1]} (got {v!r})")
+    return v
+
+
 def _finite(v: float) -> float:
     if not math.isfinite(v):
         raise ValueError("must be a finite number")
@@ -263,7 +273,8 @@ class SedModel(_Model):
     parent: Text
     host: Text = "localhost"
     port: Port = 0
-    kind: Literal["sed", "batch", "cloud"] | None = None
+    #: a kind of SeD registered in gridrpc.sed.backends.registry (sed, batch, cloud...)
+    kind: Annotated[str | None, AfterValidator(_sed_kind)] = None
     services: list[Service] | None = None
     examples: bool = False
     max_concurrent: PosInt | None = None

@@ -27,6 +27,9 @@ back-end        runs a call                                           trade-offs
 the batch (and pilot) and cloud back-ends need their configuration and are built by
 :class:`~gridrpc.sed.batch.sed.BatchSeD` and
 :class:`~gridrpc.sed.cloud.sed.CloudSeD`, which are SeDs with that back-end.
+Each family is a *kind* of SeD (``sed``, ``batch``, ``cloud``) in
+:mod:`.registry`, which brings its ``gridrpc sed`` flags, its deployment-file
+kind and settings, and its ``server_type``: a new back-end registers one there.
 
 A back-end is given the SeD (``bind``) and may use: ``name``, ``services``,
 ``functions``, ``replicas``, ``calls`` (live records), ``lifecycle``,

@@ -1,14 +1,18 @@
 """``gridrpc sed --batch NAME ...``: build a :class:`~gridrpc.sed.batch.sed.BatchSeD`
 from the command line. Each flag is a key of
 :class:`~gridrpc.sed.batch.config.BatchConfig` (the same keys as a deployment
-file's ``kind: batch`` entry); see ``docs/batch.md``.
+file's ``kind: batch`` entry); see ``docs/batch.md``. This module registers
+the ``batch`` kind (:mod:`gridrpc.sed.backends.registry`): these flags, that
+deployment kind and its command line.
 """
 from __future__ import annotations
 
 import argparse
 
 from ...errors import ConfigError
-from .config import _CLI_FLAGS, parse_batch_config
+from ..backends.plain import add_service_specs, service_specs
+from ..backends.registry import BackendKind, register_kind
+from .config import _CLI_FLAGS, BATCH_KEYS, batch_settings, config_to_cli, parse_batch_config
 from .pilot_config import PILOT_FLAGS
 from .registry import scheduler_names
 
@@ -132,20 +136,30 @@ def make_batch_sed(a: argparse.Namespace, address: str, hb: dict):
     """The BatchSeD the ``gridrpc sed`` arguments ``a`` describe."""
     from .sed import BatchSeD
     config = parse_batch_config(batch_settings_from_args(a), what=f"batch SeD {a.name}")
-    specs = list(a.service)
-    if getattr(a, "examples", False):
-        from ...examples.services import ALL
-        specs += [f"gridrpc.examples.services:{s}" for s in ALL if s != "exit"]
+    specs = service_specs(a, skip=("exit",))      # every example but exit (it ends the process running a call)
     if not specs:
         raise ConfigError(f"batch SeD {a.name}: give at least one --service MODULE:FUNC (or --examples)")
     sed = BatchSeD(a.name, a.parent, config=config, address=address, orphan_timeout=a.orphan_timeout,
                    max_message_size=a.max_message_size, result_cache_bytes=a.result_cache_bytes, **hb)
-    from ..services import split_spec_options
-    for spec in specs:
-        spec, options = split_spec_options(spec)     # [NAME=]MODULE:FUNC[,idempotent=false][,on_orphan=kill]
-        name, _, target = spec.rpartition("=")
-        sed.add_service(name or target.rsplit(":", 1)[-1], target, **options)
+    add_service_specs(sed, specs)
     if getattr(a, "pilot_dry_run", False):
         _dry_run(sed)
         raise SystemExit(0)
     return sed
+
+
+def check_batch_entry(settings, what: str) -> None:
+    """Check the batch settings of a deployment file's ``kind: batch`` entry (ConfigError)."""
+    parse_batch_config(batch_settings(settings), what=what)
+
+
+def batch_entry_args(settings, what: str) -> list[str]:
+    """``gridrpc sed`` arguments of a deployment file's ``kind: batch`` entry."""
+    return config_to_cli(parse_batch_config(batch_settings(settings), what=what))
+
+
+register_kind(BackendKind(name="batch", summary="each call a job of a batch scheduler, or calls on pilot jobs",
+                          backends=("batch", "pilot"), server_type="batch", selected=wants_batch,
+                          add_arguments=add_batch_arguments, build=make_batch_sed,
+                          keys=BATCH_KEYS | {"options"}, check_entry=check_batch_entry,
+                          entry_args=batch_entry_args))

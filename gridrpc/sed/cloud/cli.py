@@ -5,7 +5,9 @@ The file holds the keys of :class:`~gridrpc.sed.cloud.config.CloudConfig`
 (the same as a deployment file's ``kind: cloud`` entry); each ``--cloud
 KEY=VALUE`` overrides one, its value read as YAML (``max_vms=4``,
 ``services=[a:b, c:d]``, ``endpoint=http://127.0.0.1:5000``). ``--service``
-flags add to ``services``.
+flags add to ``services``. This module registers the ``cloud`` kind
+(:mod:`gridrpc.sed.backends.registry`): these flags, that deployment kind
+and its command line.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from ...errors import ConfigError
-from .config import parse_cloud_config
+from ..backends.registry import BackendKind, register_kind
+from .config import CLOUD_KEYS, cloud_cli_args, parse_cloud_config
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +88,20 @@ def make_cloud_sed(a: argparse.Namespace, address: str, hb: dict):
     return CloudSeD(a.name, a.parent, config=config, address=address,
                     orphan_timeout=a.orphan_timeout, max_message_size=a.max_message_size,
                     result_cache_bytes=a.result_cache_bytes, **hb)
+
+
+def check_cloud_entry(settings, what: str) -> None:
+    """Check the cloud settings of a deployment file's ``kind: cloud`` entry
+    (ConfigError; unknown keys are named by the cloud parser)."""
+    parse_cloud_config(settings, what=what)
+
+
+def cloud_entry_args(settings, what: str) -> list[str]:
+    """``gridrpc sed`` arguments of a deployment file's ``kind: cloud`` entry."""
+    return cloud_cli_args(settings)
+
+
+register_kind(BackendKind(name="cloud", summary="calls on VMs the SeD starts and stops", backends=("cloud",),
+                          server_type="cloud", selected=wants_cloud, add_arguments=add_cloud_arguments,
+                          build=make_cloud_sed, keys=CLOUD_KEYS, names_unknown_keys=True,
+                          check_entry=check_cloud_entry, entry_args=cloud_entry_args))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 import gridrpc
-from gridrpc.client.reuse import MAX_ASK, MAX_KEPT, ReusedAnswers, answer_key, ask_for, load, server_failed
+from gridrpc.client.reuse import MAX_ASK, MAX_KEPT, ReusedAnswers, answer_key, ask_again, ask_for, load, server_failed
 from gridrpc.core.discovery import CHOICE_MEMORY
 from gridrpc.core.messages import MsgType
 from gridrpc.master_agent import MasterAgent
@@ -420,3 +420,11 @@ def test_a_dead_server_in_a_kept_answer_costs_one_failover_then_is_forgotten():
         assert value2 == 6 and counts["asked"] == 1
     finally:
         t.stop()
+
+
+def test_calls_an_answer_could_not_seat_ask_again_as_one_discovery():
+    joining: dict = {}
+    assert ask_again(joining, "k", ["c1", "c2", "c3"]) == "c1"     # the first asks
+    assert joining == {"k": ["c2", "c3"]}                         # the others wait to join it
+    assert ask_again(joining, "k", ["c4"]) is None                # one is out: they join it
+    assert joining == {"k": ["c2", "c3", "c4"]}

@@ -33,7 +33,7 @@ from .driver import AsyncCallDriver, Flight
 from .ids import new_id
 from .ma_requests import MasterAgentRequests
 from .options import ClientOptions, OptionViews
-from .reuse import ReusedAnswers, answer_key, ask_for
+from .reuse import ReusedAnswers, answer_key, ask_again, ask_for
 from .submit import SubmitMixin
 
 log = logging.getLogger(__name__)
@@ -270,16 +270,9 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             for f, _own in calls:
                 if not f.machine.finished:
                     self._driver.feed(f, event)
-        if again:
-            # they ask the MA again (it knows other servers), as one discovery: the first asks,
-            # the others join it (each asking alone was a DISCOVER per call after every answer
-            # that came with a free slot: 1,251 for 5,000 calls, 256 in flight, 4 SeDs)
-            waiting = self._joining.get(key)
-            if waiting is not None:
-                waiting.extend(again)
-            else:
-                self._joining[key] = again[1:]
-                self._start_discovery(*again[0], key)
+        first = ask_again(self._joining, key, again) if again else None
+        if first is not None:           # they ask the MA again (it knows other servers), as one discovery
+            self._start_discovery(*first, key)
 
     def _seat(self, call: Call, ranked: list, k: int, now: float) -> Discovered:
         """``call`` takes the answer ``ranked`` for it (gridrpc.client.reuse):

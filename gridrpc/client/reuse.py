@@ -63,7 +63,7 @@ from ..core.discovery import CHOICE_MEMORY
 from ..core.tally import tally
 
 __all__ = ["ReusedAnswers", "MAX_KEPT", "MAX_ASK", "FORGET_KINDS", "load", "ask_for", "answer_key",
-           "server_failed"]
+           "server_failed", "ask_again"]
 
 #: failures of a call after which the kept answers are forgotten (a server or the network failed)
 FORGET_KINDS = frozenset({"communication", "server_lost", "worker_died", "timeout", "no_server",
@@ -88,6 +88,21 @@ def ask_for(k: int, calls: int, taken: int = 0) -> int:
     whose calls find the last answer's servers full one after the other, is
     shown every server, not the same first ``k`` again)."""
     return max(k, min(calls + taken, MAX_ASK))
+
+
+def ask_again(joining: dict, key: Hashable, again: list) -> Any:
+    """The calls an answer could not seat (``ReusedAnswers.settle``) ask the
+    MA again as one discovery: when one for ``key`` is already out
+    (``joining[key]``) they all join it and None is returned; else the first
+    is returned to ask, and the others wait in ``joining[key]`` to join it
+    (each asking alone would be a DISCOVER per call after every answer that
+    came with a free slot)."""
+    waiting = joining.get(key)
+    if waiting is not None:
+        waiting.extend(again)
+        return None
+    joining[key] = again[1:]
+    return again[0]
 
 
 def answer_key(service: str, optional: bool, k: int, aggregator: Any) -> tuple:

@@ -55,7 +55,7 @@ from ..client.call import ServerInfo
 from ..client.driver import Flight, exception_for
 from ..client.ids import new_id
 from ..client.options import ClientOptions, OptionViews
-from ..client.reuse import ReusedAnswers, answer_key, ask_for, server_failed
+from ..client.reuse import ReusedAnswers, answer_key, ask_again, ask_for, server_failed
 from ..core import codec
 from ..core import messages as m
 from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
@@ -374,16 +374,12 @@ class GreenClient(OptionViews):
             for f, _own in calls:
                 if not f.machine.finished:
                     feed(f, event)
-        if again:
-            waiting = self._joining.get(key)
-            if waiting is not None:
-                waiting.extend(again)
-            else:
-                self._joining[key] = again[1:]
-                f, own = again[0]
-                follow = self._ask(f, own, key)
-                if follow is not None:
-                    feed(f, follow)
+        first = ask_again(self._joining, key, again) if again else None
+        if first is not None:
+            f, own = first
+            follow = self._ask(f, own, key)
+            if follow is not None:
+                feed(f, follow)
 
     def _seat(self, call: _GreenCall, ranked: list, k: int, now: float) -> Discovered:
         """``call`` takes the answer ``ranked`` for it: counted in flight on

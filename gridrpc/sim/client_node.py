@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from ..client.reuse import ReusedAnswers, answer_key, ask_for, server_failed
+from ..client.reuse import ReusedAnswers, answer_key, ask_again, ask_for, server_failed
 from ..core import call as cm
 from ..core import messages as m
 from ..core.call_replies import pong_events, reply_event
@@ -265,14 +265,10 @@ class ClientNode(Node):
         servers = [_Target(x["name"], x.get("address", ""), x.get("estimation")) for x in h["servers"]]
         again = self.reuse.settle(key, servers, h.get("view") is True, now, calls, user,
                                   lambda u, ranked: u.event(self._seat(u, ranked, now), out))
-        if again:
-            waiting = self._joining.get(key)
-            if waiting is not None:
-                waiting.extend(again)
-            else:
-                self._joining[key] = again[1:]
-                u, a = again[0]
-                self._ask(u, a, key, out)
+        first = ask_again(self._joining, key, again) if again else None
+        if first is not None:
+            u, a = first
+            self._ask(u, a, key, out)
 
     # -- messages ----------------------------------------------------------------------
     def handle(self, src, dst, h, out: Out) -> None:

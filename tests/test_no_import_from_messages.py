@@ -107,6 +107,7 @@ DYNAMIC = {
     "gridrpc/sed/services.py": "operator's --service specs",
     "gridrpc/sed/batch/__init__.py": "lazy names: a fixed table (_LAZY)",
     "gridrpc/sed/batch/registry.py": "a built-in scheduler's module from a fixed table (BUILTIN)",
+    "gridrpc/sed/backends/registry.py": "a built-in SeD kind's module from a fixed table (BUILTIN)",
     "gridrpc/sed/batch/jobs.py": "a registered service function, found again by its module",
     "gridrpc/sed/batch/run_job.py": "the job's target, written by the SeD from its own service table",
     "gridrpc/sed/worker_link.py": "pickles between a SeD and its own worker process, made by the SeD",

@@ -38,7 +38,7 @@ from ...errors import InvalidArgument
 from ...runtime.worker_agent import WorkerAgent
 from ...transport.channel import host_of
 from ..backends import BaseBackend, Outcome
-from ..cloud.relay import VMFailed, VMLink
+from ..cloud.relay import VMFailed, VMLink, wake
 from . import jobfiles
 from .base import BatchBackend, BatchError, JobSpec, JobState
 from .config import CALL_OPTION, BatchConfig
@@ -171,13 +171,9 @@ class PilotJobs(ImportableServices, BaseBackend):
     def _apply(self, actions: list) -> None:
         for a in actions:
             if isinstance(a, Dispatch):
-                fut = self._waiters.get(a.call_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(a.pilot)
+                wake(self._waiters, a.call_id, a.pilot)
             elif isinstance(a, FailCall):
-                fut = self._waiters.get(a.call_id)
-                if fut is not None and not fut.done():
-                    fut.set_exception(_Failed(a.message))
+                wake(self._waiters, a.call_id, error=_Failed(a.message))
             elif isinstance(a, SubmitPilot):
                 if not self._closing:
                     self._spawn(self._submit(a.name))

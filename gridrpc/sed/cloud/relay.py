@@ -101,5 +101,18 @@ class VMLink:
         self.channel.send(frames)
 
 
+def wake(waiters: dict, call_id: str, result=None, error: BaseException | None = None) -> None:
+    """Wake the call waiting for a place to run (``waiters[call_id]``, a
+    future), if it still waits: with the worker chosen (a VM, a pilot), or
+    with ``error``. The cloud pool and the pilot manager answer their
+    policies' ``Dispatch`` and ``FailCall`` this way."""
+    fut = waiters.get(call_id)
+    if fut is not None and not fut.done():
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
+
+
 def _raw(header: dict, frames: list) -> tuple[MsgType, dict, list]:
     return MsgType.RESULT, header, list(frames[1:])

@@ -37,7 +37,7 @@ from .config import CloudConfig, render_user_data, vm_command
 from .policy import CreateVM, DestroyVM, Dispatch, FailCall, PoolConfig, VMPool
 from .provider import (TERMINAL_STATES, CloudAuthError, CloudError, CloudProvider, UnknownImage,
                        VMSpec, make_provider)
-from .relay import VMFailed, VMLink
+from .relay import VMFailed, VMLink, wake
 
 log = logging.getLogger("gridrpc.sed.cloud.sed")
 
@@ -210,13 +210,9 @@ class CloudVMs(BaseBackend):
     def _apply_pool(self, actions: list) -> None:
         for a in actions:
             if isinstance(a, Dispatch):
-                fut = self._waiters.get(a.call_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(a.vm)
+                wake(self._waiters, a.call_id, a.vm)
             elif isinstance(a, FailCall):
-                fut = self._waiters.get(a.call_id)
-                if fut is not None and not fut.done():
-                    fut.set_exception(_CallFailed(a.message, a.kind))
+                wake(self._waiters, a.call_id, error=_CallFailed(a.message, a.kind))
             elif isinstance(a, CreateVM):
                 self._record("create", a.name)
                 t = asyncio.get_running_loop().create_task(self._create_vm(a.name))

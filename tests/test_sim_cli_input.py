@@ -32,3 +32,13 @@ def test_bad_counts_and_shapes_are_usage_errors(argv, words, capsys):
 def test_good_shapes_pass(shape):
     from gridrpc.sim.cli import shape_arg
     assert shape_arg(shape) == shape
+
+
+def test_write_or_print_writes_the_file_or_prints(tmp_path, capsys):
+    from gridrpc.cli.values import write_or_print
+    write_or_print('{"a": 1}', None)
+    assert capsys.readouterr().out == '{"a": 1}\n'
+    out = tmp_path / "c.json"
+    write_or_print('{"a": 1}', str(out))
+    captured = capsys.readouterr()
+    assert out.read_text() == '{"a": 1}\n' and captured.out == "" and f"wrote {out}" in captured.err

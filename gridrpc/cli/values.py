@@ -108,3 +108,18 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
     return value
+
+
+def write_or_print(text: str, path: str | None) -> None:
+    """A command's result: written to ``path`` (``-o``/``--output``, with a
+    line on stderr saying so) or printed on stdout. ``text`` ends with a
+    newline either way."""
+    import sys
+    from pathlib import Path
+    if not text.endswith("\n"):
+        text += "\n"
+    if path:
+        Path(path).write_text(text)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)

@@ -13,8 +13,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
+from ..cli.values import write_or_print
 from .plan import DEFAULT_FIGURES
 
 __all__ = ["calibrate", "cmd_calibrate", "measure"]
@@ -159,9 +159,5 @@ def cmd_calibrate(a) -> int:
         print(f"  check: {c['seds']} SeDs under {c['las']} LAs, CPU per discovery measured "
               f"{c['measured_cpu_s'] * 1e3:.2f} ms, model {c['model_cpu_s'] * 1e3:.2f} ms", file=sys.stderr)
     text = json.dumps(figs, indent=2)
-    if a.output:
-        Path(a.output).write_text(text + "\n")
-        print(f"wrote {a.output}", file=sys.stderr)
-    else:
-        print(text)
+    write_or_print(text, a.output)
     return 0

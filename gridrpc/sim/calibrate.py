@@ -67,6 +67,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..cli.values import write_or_print
 from ..errors import ConfigError
 from .counts import count_discovery, count_load
 from .model import Costs
@@ -380,9 +381,5 @@ def cmd_calibrate(a) -> int:
           f"{costs.io_share:.1f}, time slice {costs.time_slice * 1e3:.1f} ms, crowding {costs.crowding:.3f}; "
           f"fit quality {costs.fit['quality']}", file=sys.stderr)
     text = costs.to_json()
-    if a.output:
-        Path(a.output).write_text(text + "\n")
-        print(f"wrote {a.output}", file=sys.stderr)
-    else:
-        print(text)
+    write_or_print(text, a.output)
     return 0

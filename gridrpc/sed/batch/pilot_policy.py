@@ -17,6 +17,9 @@ runtime (:mod:`.pilots`) to carry out:
                    (``what``: pilot_started, pilot_stopped, draining, paused, resumed)
 =================  ==========================================================
 
+The action and record types live in :mod:`.pilot_model` (re-exported
+here), the estimation's slot simulation in :mod:`.pilot_estimate`.
+
 A pilot goes ``submitting`` -> ``pending`` (job id known) -> ``starting``
 (the job runs) -> ``ready`` (its SeD registered) -> ``draining`` ->
 gone; ``leaving`` once its job is being cancelled.
@@ -54,77 +57,13 @@ Rules (settings in :class:`~.pilot_config.PilotConfig`):
 from __future__ import annotations
 
 import collections
-import heapq
 import math
-from dataclasses import dataclass, field
 
 from .pilot_config import PilotConfig
+from .pilot_estimate import pilot_slots, simulate_slots
+from .pilot_model import COMING, CancelPilot, Dispatch, FailCall, Note, Pilot, PilotCall, SubmitPilot
 
 __all__ = ["PilotPool", "SubmitPilot", "CancelPilot", "Dispatch", "FailCall", "Note", "Pilot"]
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitPilot:
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class CancelPilot:
-    name: str
-    job_id: str | None
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    call_id: str
-    pilot: str
-
-
-@dataclass(frozen=True, slots=True)
-class FailCall:
-    call_id: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Note:
-    what: str           # pilot_started | pilot_stopped | draining | paused | resumed
-    pilot: str | None
-    detail: str
-
-
-@dataclass(slots=True)
-class Pilot:
-    name: str
-    submitted: float
-    state: str = "submitting"
-    job_id: str | None = None
-    started: float | None = None        # the job's start (scheduler), POSIX s
-    start_exact: bool = False           # ``started`` is the scheduler's (not the submission time)
-    registered: float | None = None
-    address: str | None = None
-    calls: set = field(default_factory=set)
-    idle_since: float = 0.0
-    served: int = 0
-    doomed: bool = False                # cancel as soon as the job id is known
-    expected_wait: float = 0.0          # the scheduler's predicted pending time when it was submitted
-
-    def end(self, walltime: float) -> float | None:
-        return None if self.started is None else self.started + walltime
-
-
-@dataclass(slots=True)
-class _Call:
-    id: str
-    need: float
-    arrived: float
-    pilot: str | None = None
-    dispatched: float | None = None
-
-
-_LIVE = ("submitting", "pending", "starting", "ready", "draining")
-_COMING = ("submitting", "pending", "starting")
 
 
 class PilotPool:
@@ -134,7 +73,7 @@ class PilotPool:
         self.config = config
         self.name_prefix = name_prefix
         self.pilots: dict[str, Pilot] = {}
-        self.calls: dict[str, _Call] = {}
+        self.calls: dict[str, PilotCall] = {}
         self.waiting: collections.deque[str] = collections.deque()
         # learnt: submission -> SeD registered, beyond the pending time the scheduler predicted
         # (its own start latency, the node's Python and imports)
@@ -188,7 +127,7 @@ class PilotPool:
     def registered(self, name: str, address: str, now: float) -> list:
         """The pilot's SeD registered: it takes calls. Unknown names: []."""
         p = self.pilots.get(name)
-        if p is None or p.state not in _COMING:
+        if p is None or p.state not in COMING:
             return []
         if p.started is None:           # not polled yet: its submission bounds the start from below
             p.started = p.submitted     # (the next poll gives the scheduler's start time)
@@ -212,7 +151,7 @@ class PilotPool:
         if p.doomed:
             del self.pilots[name]
             return self._schedule(now)
-        if p.state in _COMING:
+        if p.state in COMING:
             self.stats["start_failures"] += 1
             del self.pilots[name]
             actions += self._failure(f"pilot {name} (job {p.job_id}) ended before its SeD registered: {reason}",
@@ -244,7 +183,7 @@ class PilotPool:
             return [FailCall(call_id, f"the call may take {need:g} s; a pilot's walltime "
                                       f"({self.config.walltime:g} s, {self.config.drain_margin:g} s kept "
                                       "for draining) cannot hold it")]
-        self.calls[call_id] = _Call(call_id, max(0.0, need), now)
+        self.calls[call_id] = PilotCall(call_id, max(0.0, need), now)
         self.waiting.append(call_id)
         return self._schedule(now)
 
@@ -351,7 +290,7 @@ class PilotPool:
         ps = self.pilots.values()
         ready = [p for p in ps if p.state == "ready"]
         return {"pilots_ready": len(ready), "pilots_draining": sum(1 for p in ps if p.state == "draining"),
-                "pilots_starting": sum(1 for p in ps if p.state in _COMING),
+                "pilots_starting": sum(1 for p in ps if p.state in COMING),
                 "pilot_free_slots": sum(self.config.cores - len(p.calls) for p in ready),
                 "calls_waiting_for_pilot": len(self.waiting),
                 "calls_on_pilots": sum(len(p.calls) for p in ps)}
@@ -365,22 +304,11 @@ class PilotPool:
         waiting: ``est_wait`` (0: a free pilot now), ``pilot_start_estimate``
         (a new pilot in about that many seconds), ``pilots_paused``, counts."""
         c = self.config
-        slots: list[tuple[float, float]] = []        # (free at, end of its pilot)
-        for p in self.pilots.values():
-            end = p.end(c.walltime)
-            if p.state == "ready":
-                running = sorted(self.calls[cid].dispatched + self.calls[cid].need
-                                 for cid in p.calls if cid in self.calls)
-                free = [now] * (c.cores - len(running)) + [max(now, t) for t in running]
-                slots += [(t, end) for t in free]
-            elif p.state in _COMING and not p.doomed:
-                ready_at = p.submitted + p.expected_wait + self.start_time
-                slots += [(max(now, ready_at), (end if end is not None else ready_at + c.walltime))] * c.cores
-        new_at = now + self.new_pilot_wait()
-        if not self.paused and self._count_live() < c.max_pilots:
-            slots += [(new_at, new_at + c.walltime)] * c.cores
+        may_submit = not self.paused and self._count_live() < c.max_pilots
+        slots = pilot_slots(self.pilots.values(), self.calls, c, now, start_time=self.start_time,
+                            new_at=now + self.new_pilot_wait() if may_submit else None)
         queue = [self.calls[cid].need for cid in self.waiting if cid in self.calls] + [max(0.0, need)]
-        starts = _simulate(slots, queue, c.drain_margin)
+        starts = simulate_slots(slots, queue, c.drain_margin)
         wait = min(max(0.0, starts[-1] - now), 1e9) if starts[-1] is not None else 1e9
         return {"est_wait": wait, "pilot_start_estimate": self.new_pilot_wait(), "pilot_walltime": c.walltime,
                 "pilots_paused": self.paused, "max_pilots": c.max_pilots, **self.counts()}
@@ -406,7 +334,7 @@ class PilotPool:
     def _count_live(self) -> int:
         return sum(1 for p in self.pilots.values() if p.state != "leaving")
 
-    def _fits(self, p: Pilot, c: _Call, now: float) -> bool:
+    def _fits(self, p: Pilot, c: PilotCall, now: float) -> bool:
         end = p.end(self.config.walltime)
         return (p.state == "ready" and len(p.calls) < self.config.cores
                 and end is not None and now + c.need + self.config.drain_margin <= end)
@@ -477,7 +405,7 @@ class PilotPool:
             if p.state == "draining" and not p.calls:
                 actions += self._leave(p, "drained before its walltime", now)
         lead = self._lead()
-        staying = [p for p in self.pilots.values() if p.state in _COMING and not p.doomed
+        staying = [p for p in self.pilots.values() if p.state in COMING and not p.doomed
                    or p.state == "ready" and p.end(c.walltime) - now > lead]
         idle = sorted((p for p in staying if p.state == "ready" and not p.calls
                        and now - p.idle_since >= c.idle_timeout), key=lambda q: q.idle_since)
@@ -492,7 +420,7 @@ class PilotPool:
             return actions
         # a waiting call that no staying pilot could ever end in time needs a pilot of its own
         unfit = sum(1 for cid in self.waiting if cid in self.calls
-                    and not any(p.state in _COMING or now + self.calls[cid].need + c.drain_margin
+                    and not any(p.state in COMING or now + self.calls[cid].need + c.drain_margin
                                 <= p.end(c.walltime) for p in staying))
         demand = len(self.waiting) - unfit + sum(len(p.calls) for p in self.pilots.values())
         short = max(0, demand - len(staying) * c.cores) + unfit
@@ -508,7 +436,7 @@ class PilotPool:
 
     def _fail_stranded(self) -> list:
         """While paused: waiting calls that no live pilot can ever take fail."""
-        live = [p for p in self.pilots.values() if p.state in _COMING + ("ready",) and not p.doomed]
+        live = [p for p in self.pilots.values() if p.state in COMING + ("ready",) and not p.doomed]
         if live or not self.waiting:
             return []
         actions = [FailCall(cid, f"no pilot can run the call: {self.last_failure} (the pilot manager is paused "
@@ -518,26 +446,3 @@ class PilotPool:
         self.stats["calls_failed"] += len(self.waiting)
         self.waiting.clear()
         return actions
-
-
-def _simulate(slots: list[tuple[float, float]], queue: list[float], margin: float) -> list[float | None]:
-    """Start time of each call of ``queue`` (needs, in order) on the earliest
-    slot ``(free at, pilot end)`` where it ends ``margin`` before the pilot's
-    end; None where no slot can hold it. A heap of slots: O(log n) per call
-    while the earliest slots fit."""
-    free = list(slots)
-    heapq.heapify(free)
-    starts: list[float | None] = []
-    for need in queue:
-        skipped = []
-        while free and free[0][0] + need + margin > free[0][1]:
-            skipped.append(heapq.heappop(free))       # too close to its pilot's end for this call
-        if free:
-            t, end = heapq.heappop(free)
-            starts.append(t)
-            heapq.heappush(free, (t + need, end))
-        else:
-            starts.append(None)
-        for slot in skipped:
-            heapq.heappush(free, slot)
-    return starts

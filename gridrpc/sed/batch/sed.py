@@ -19,8 +19,9 @@ the plain SeD runtime's. The modules of this package:
   how a job's end becomes the call's answer, :mod:`.cluster` the cluster
   snapshot behind the estimates (:mod:`.estimate`, pure);
 - :mod:`.jobfiles` the files of a call, :mod:`.run_job` what a job runs;
-- :mod:`.pilots` the pilot back-end, :mod:`.pilot_policy` its pure policy,
-  :mod:`.pilot_config` its settings.
+- :mod:`.pilots` the pilot back-end, :mod:`.pilot_policy` its pure policy
+  (:mod:`.pilot_model` its actions and records, :mod:`.pilot_estimate` its
+  estimation), :mod:`.pilot_config` its settings.
 """
 from __future__ import annotations
 

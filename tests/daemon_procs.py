@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
-__all__ = ["free_port", "proc_stat", "proc_environ", "marked_processes", "kill_all"]
+__all__ = ["free_port", "proc_stat", "proc_environ", "marked_processes", "kill_all", "processes_under"]
 
 
 def free_port() -> int:
@@ -59,6 +60,25 @@ def marked_processes(marker: bytes, sids: set[int], *, children: bool = False) -
             break
         found |= more
     return sorted(found)
+
+
+def processes_under(command: bytes, under: str, *, by_cwd: bool = False) -> list[int]:
+    """Live PIDs whose command line holds ``command`` and that belong to
+    *under* (a test session's temporary directory; other sessions may run
+    the same programs): their working directory is below it (``by_cwd``),
+    else their command line names it."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            mine = os.readlink(f"/proc/{pid}/cwd").startswith(under) if by_cwd else under.encode() in cmd
+        except OSError:
+            continue
+        if command in cmd and mine:
+            out.append(int(pid))
+    return out
 
 
 def kill_all(pids, sig: int) -> None:

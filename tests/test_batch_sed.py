@@ -35,6 +35,7 @@ from gridrpc.sed.batch.config import parse_batch_config
 from gridrpc.sed.batch.sed import BatchSeD
 from gridrpc.testing import LoopThread
 from tests.batch_clusters import start_cluster, wait_until
+from tests.daemon_procs import processes_under
 from tests.conftest_slurm import slurm_cluster, slurm_cluster2  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.real]
@@ -78,18 +79,8 @@ def c1(slurm_cluster):  # noqa: F811
 
 
 def _run_job_processes(under: str) -> list[int]:
-    """Live run_job processes of calls whose directory is under *under* (this
-    session's temporary directory: other sessions may run batch jobs too)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"gridrpc.sed.batch.run_job" in cmd and under.encode() in cmd:
-                out.append(int(pid))
-    return out
+    """Live run_job processes of calls whose directory is under *under*."""
+    return processes_under(b"gridrpc.sed.batch.run_job", under)
 
 
 @contextlib.contextmanager

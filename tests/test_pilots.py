@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,6 +25,7 @@ from gridrpc.sed.batch.config import parse_batch_config
 from gridrpc.sed.batch.sed import BatchSeD
 from gridrpc.testing import LoopThread
 from tests.batch_clusters import start_cluster, wait_until
+from tests.daemon_procs import processes_under
 
 pytestmark = [pytest.mark.real, pytest.mark.slurm]
 
@@ -48,20 +47,8 @@ def cluster(scluster):
 
 
 def _pilot_processes(under: str) -> list[int]:
-    """Live pilot SeDs (``gridrpc sed --name <x>.p...``) of this session's
-    pilot directories (their working directory is under *under*)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if b"gridrpc\x00sed\x00" in cmd and cwd.startswith(under):
-            out.append(int(pid))
-    return out
+    """Live pilot SeDs (``gridrpc sed``) whose working directory is under *under*."""
+    return processes_under(b"gridrpc\x00sed\x00", under, by_cwd=True)
 
 
 @contextlib.contextmanager

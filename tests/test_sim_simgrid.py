@@ -1,5 +1,6 @@
 """The SimGrid engine of ``gridrpc sim`` (gridrpc/sim/simgrid_engine.py,
-simgrid_sites.py, simgrid_cli.py), on real SimGrid (Debian's
+simgrid_clock.py, simgrid_cpu.py, simgrid_isolate.py, simgrid_sites.py,
+simgrid_site_platform.py, simgrid_site_data.py, simgrid_cli.py), on real SimGrid (Debian's
 python3-simgrid, loaded by gridrpc/sim/simgrid_loader.py): the loader, the
 engine's clock, CPU and links against figures computed from the platform
 file, the built-in and SimGrid engines on a one-host platform (within

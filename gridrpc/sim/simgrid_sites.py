@@ -25,110 +25,37 @@ on SeDs and moved between them over the platform's WAN (the real
 
 The figures are ``gridrpc sim run``'s (per site where they differ) and what
 moved: federated discoveries, transfers, bytes between sites, transfer times.
+
+This module builds the federated trees (:class:`FedAgentNode`,
+:class:`SitesWorld`) and measures them (:func:`measure_sites`); the
+platform's sites are read by :mod:`gridrpc.sim.simgrid_site_platform`
+(:func:`sites_of`, :func:`spread`) and the data workload is
+:mod:`gridrpc.sim.simgrid_site_data` (:class:`DataSedNode`,
+:class:`DataUser`, :data:`SITE_SERVICES`); their names are importable from
+here as before.
 """
 from __future__ import annotations
 
 import random
 import statistics
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import replace as dc_replace
 
-from ..core import call as cm
-from ..core import messages as m
 from ..core.agent import AgentState, FromPeer
 from ..core.agent_events import SendPeer
 from ..core.agent_roles import LocalRole, MasterRole
-from ..core.datastore import DataError, DataStore, Mode
 from ..core.messages import MsgType
-from ..core.sed_calls import CallState
 from .agent_node import AgentNode
 from .client_node import ClientNode, User
-from .model import NOOP, Costs, ServiceModel
+from .model import Costs
 from .node import Out
-from .sed_node import SedNode
 from .simgrid_engine import SgWorld
+from .simgrid_site_data import SITE_SERVICES, DataSedNode, DataUser
+from .simgrid_site_platform import sites_of, spread
 from .world import elements_for
 
 __all__ = ["DataSedNode", "DataUser", "FedAgentNode", "SitesWorld", "measure_sites", "sites_of", "spread",
            "SITE_SERVICES"]
-
-#: the services of the workflow: ``produce`` keeps its result, ``solve`` reads it (CPU-bound, seconds)
-SITE_SERVICES = {"produce": ServiceModel(mean=0.02), "solve": ServiceModel(mean=0.05), "noop": NOOP}
-
-
-# -- the platform's sites ----------------------------------------------------------------
-def _radical(text: str) -> list[str]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out += [str(i) for i in range(int(lo), int(hi) + 1)]
-        elif part:
-            out.append(part)
-    return out
-
-
-def _hosts_in(el) -> list[str]:
-    out = []
-    for child in el:
-        tag = child.tag
-        if tag == "host":
-            out.append(child.get("id"))
-        elif tag == "cluster":
-            prefix, suffix = child.get("prefix", ""), child.get("suffix", "")
-            out += [f"{prefix}{i}{suffix}" for i in _radical(child.get("radical", ""))]
-        elif tag == "zone":
-            out += _hosts_in(child)
-    return out
-
-
-def sites_of(platform: str) -> dict[str, list[str]]:
-    """Site name -> its hosts, in the file's order: the zones and clusters
-    directly under the root zone that hold hosts; the root zone itself when
-    it holds hosts directly (one site)."""
-    root = ET.parse(platform).getroot()
-    top = [c for c in root if c.tag in ("zone", "AS", "cluster")]
-    if len(top) != 1:
-        raise ValueError(f"{platform}: one root zone expected, found {len(top)}")
-    zone = top[0]
-    if zone.tag == "cluster":
-        return {zone.get("id"): _hosts_in(_wrap(zone))}
-    direct = [c.get("id") for c in zone if c.tag == "host"]
-    sites = {}
-    for c in zone:
-        if c.tag in ("zone", "AS", "cluster"):
-            hosts = _hosts_in(_wrap(c)) if c.tag == "cluster" else _hosts_in(c)
-            if hosts:
-                sites[c.get("id")] = hosts
-    if direct or not sites:
-        return {zone.get("id"): direct + [h for hs in sites.values() for h in hs]}
-    return sites
-
-
-def _wrap(cluster):
-    w = ET.Element("zone")
-    w.append(cluster)
-    return w
-
-
-def spread(hosts: list[str]):
-    """A placement over one site's hosts: agents and clients on the first,
-    SeD processes on the others in turn (on the first too when it is alone)."""
-    seds = hosts[1:] or hosts[:1]
-    turn = {"n": 0}
-    chosen: dict[str, str] = {}
-
-    def place(kind: str, name: str) -> str:
-        if kind != "sed":
-            return hosts[0]
-        h = chosen.get(name)
-        if h is None:
-            h = chosen[name] = seds[turn["n"] % len(seds)]
-            turn["n"] += 1
-        return h
-    return place
 
 
 # -- elements ---------------------------------------------------------------------------
@@ -162,121 +89,6 @@ class FedAgentNode(AgentNode):
                 rest.append(a)
         super()._apply(rest, out)
 
-
-class DataSedNode(SedNode):
-    """A SeD process that keeps results by reference (its ``DataStore``) and
-    fetches the references a call reads from their holders before running it."""
-
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self.store = DataStore(memory_bytes=1 << 40)
-        self.keep: dict[str, tuple[int, str]] = {}      # call id -> (bytes to keep, owner)
-        self.reads: dict[str, list] = {}                # call id -> [(reference, holder)] it reads
-        self.waiting: dict[str, list] = {}              # reference being fetched -> calls waiting for it
-        self.asked_at: dict[str, float] = {}
-
-    def handle(self, src, dst, h, out: Out) -> None:
-        t = h["type"]
-        if t == "data_get":
-            self._on_get(src, dst, h, out)
-            return
-        if t == "data":
-            self._on_data(h)
-            return
-        if t == "call" and h["id"] not in self.calls.live:
-            if isinstance(h.get("keep"), (int, float)):
-                self.keep[h["id"]] = (int(h["keep"]), h.get("user") or "anonymous")
-            refs = [(r["ref"], r["holder"]) for r in h.get("refs") or ()
-                    if isinstance(r, dict) and isinstance(r.get("ref"), str) and isinstance(r.get("holder"), str)]
-            if refs:
-                self.reads[h["id"]] = refs
-        super().handle(src, dst, h, out)
-
-    def _on_get(self, src, dst, h, out: Out) -> None:
-        try:
-            e = self.store.check(h["ref"], h.get("user"))
-        except DataError as exc:
-            out.send(dst, src, m.error_header(h["id"], "data_lost", str(exc)))
-            return
-        self.store.touch(h["ref"], self.world.sim.now)
-        out.send(dst, src, m.make(MsgType.DATA, h["id"], ref=h["ref"], holder=dst.decode(), size=e.size,
-                                  mode=e.mode.value, owner=e.owner))
-
-    def _on_data(self, h: dict) -> None:
-        ref, now = h["ref"], self.world.sim.now
-        self.store.add(ref, h.get("owner") or "anonymous", Mode.VOLATILE, int(h.get("size") or 0), now)
-        self.world.note_transfer(self, h, now - self.asked_at.pop(ref, now))
-        for call in self.waiting.pop(ref, ()):
-            call.missing.discard(ref)
-            if not call.missing and call.state is CallState.RUNNING:
-                SedNode._run(self, call, now)
-
-    def _run(self, call, now: float) -> None:
-        reads = self.reads.get(call.id, ())
-        missing = {ref for ref, _ in reads if ref not in self.store}
-        if not missing:
-            super()._run(call, now)
-            return
-        call.missing = missing              # type: ignore[attr-defined]
-        for ref, holder in reads:
-            if ref not in missing:
-                continue
-            calls = self.waiting.setdefault(ref, [])
-            if not calls:
-                self.asked_at[ref] = now
-                self.world.transmit(self, self.by_name[call.sed].route, holder.encode(), m.make(
-                    MsgType.DATA_GET, f"{call.id}:{ref}", ref=ref, user=call.user, call=call.id))
-            calls.append(call)
-
-    def _finished(self, out: Out, call, gen: int, duration: float) -> None:
-        n = len(out.sends)
-        super()._finished(out, call, gen, duration)
-        now = self.world.sim.now
-        kept = self.keep.pop(call.id, None)
-        for _, _, h in out.sends[n:]:
-            if kept is not None and h["type"] == "result" and h["id"] == call.id:
-                size, owner = kept
-                self.store.add(call.id, owner, Mode.PERSISTENT, size, now)
-                h["value"] = {"ref": call.id, "holder": call.sed, "size": size}
-        for ref, _ in self.reads.pop(call.id, ()):
-            self.store.used_once(ref, now)
-
-
-class _CallFields:
-    """An :class:`~gridrpc.sim.node.Out` that adds ``fields`` to the CALL messages sent through it."""
-    __slots__ = ("out", "fields")
-
-    def __init__(self, out: Out, fields: dict) -> None:
-        self.out, self.fields = out, fields
-
-    def send(self, src: bytes, dst: bytes, header: dict) -> None:
-        if header.get("type") == "call":
-            header.update(self.fields)
-        self.out.send(src, dst, header)
-
-
-class DataUser(User):
-    """A user looping ``produce`` (its result kept on the SeD: ``keep`` bytes)
-    then ``solve`` on that reference."""
-
-    def __init__(self, client: ClientNode, uid: str, *, data_size: int, k: int = 3, user: str) -> None:
-        super().__init__(client, uid, service="produce", k=k, call=True, calls=None, think=None, user=user)
-        self.data_size = int(data_size)
-        self.ref: dict | None = None
-
-    def _do(self, actions: list, out: Out) -> None:
-        for a in actions:
-            if type(a) is cm.Done and self.service == "produce" and isinstance(a.value, dict):
-                self.ref = a.value
-        fields = {"keep": self.data_size} if self.service == "produce" else {"refs": [self.ref] if self.ref else []}
-        super()._do(actions, _CallFields(out, fields))
-
-    def next_round(self, out: Out) -> None:
-        if self.service == "produce" and self.ref is not None:
-            self.service = "solve"
-        else:
-            self.service, self.ref = "produce", None
-        super().next_round(out)
 
 
 # -- the world -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 import gridrpc
-from gridrpc.client.reuse import MAX_ASK, MAX_KEPT, ReusedAnswers, answer_key, ask_again, ask_for, load, server_failed
+from gridrpc.client.reuse import (MAX_ASK, MAX_KEPT, SATURATED_REUSE, ReusedAnswers, answer_key, ask_again, ask_for,
+                                  load, server_failed)
 from gridrpc.core.discovery import CHOICE_MEMORY
 from gridrpc.core.messages import MsgType
 from gridrpc.master_agent import MasterAgent
@@ -165,6 +166,77 @@ def test_calls_that_ended_lately_explain_what_the_estimation_still_shows():
     later = 10.2 + CHOICE_MEMORY + 0.01                       # c's end is older than the MA's memory
     assert r.recent("a", later) == 0 and r.recent("c", later) == 0 and "a" not in r.ended_at
     assert names(r.rerank(answer, later)) == ["a", "b", "c"]  # a, b, c: 1 call each (shown, ours, shown)
+
+
+def test_the_calls_made_from_a_kept_answer_do_not_explain_what_it_showed():
+    """A server the answer showed with two calls of others stays that loaded
+    for every call of the window: this client's calls from the answer that
+    ended since were never in its estimation (counted as if they were, the
+    server looked free after two calls and the third probed a full server)."""
+    r = ReusedAnswers(1.0)
+    answer = [E("a", est(1, 1, 1)), E("b", est(1, 1, 2))]
+    r.keep("k", answer, 0.0)
+    for i in range(4):
+        now = 0.01 * (i + 1)
+        ranked = r.take("k", now)
+        assert names(ranked) == ["a", "b"] and not r.free(ranked, now)
+        r.ended(r.begin(ranked), now=now + 0.005)
+    assert r.recent("a", 0.05) == 4 and r.load(answer[0], 0.05) == 0.0    # counted anew: looks free
+    assert r.load(answer[0], 0.05, r.kept["k"][3]) == 2.0                 # counted when it came: two others
+    r.keep("mine", answer, 0.06)                       # a new answer: this client's recent calls may be shown
+    assert r.kept["mine"][3] == {"a": 4, "b": 0} and not r.kept["mine"][2]    # a: free by that count
+
+
+def test_a_saturated_answer_serves_past_the_window_while_the_client_calls_back_to_back():
+    """An answer that showed every server full serves a client calling back
+    to back up to SATURATED_REUSE after it came, least loaded first; not a
+    client that paused, not once a server is free by the count, not later."""
+    r = ReusedAnswers(0.01)
+    r.keep("k", [E("a", est(1, 1, 2)), E("b", est(1, 1, 1))], 0.0)
+    r.started("x")                                     # a call of ours elsewhere: a queues behind 3, b 2
+    assert names(r.take("k", 0.02)) == ["b", "a"]
+    r = ReusedAnswers(0.01)
+    answer = [E("a", est(1, 1, 2)), E("b", est(1, 1, 1))]
+    r.keep("k", answer, 0.0)
+    assert r.kept["k"][2] is True
+    assert r.take("k", 0.005) is not None and r.take("k", 0.02) is None      # past the window, not calling
+    r.keep("k", answer, 0.0)
+    now, served = 0.005, 0
+    while now < SATURATED_REUSE - 0.03:
+        ranked = r.take("k", now)
+        assert ranked is not None and names(ranked) == ["a", "b"], now       # nothing of ours: the MA's order
+        assert not r.free(ranked, now)                                       # queued, not probed
+        r.ended(r.begin(ranked), now=now + 0.015)       # each call longer than the window
+        now += 0.02
+        served += 1
+    assert served > 40 and r.reused == served + 1
+    assert r.take("k", SATURATED_REUSE + 0.001) is None and "k" not in r.kept   # too old
+    r.keep("k", answer, 10.0)
+    r.ended("b", now=10.002)
+    assert not r.calling(10.5) and r.take("k", 10.5) is None and "k" not in r.kept   # paused: ask the MA
+    r.started("a")                                     # a call of ours on a, shown by the next answer
+    r.keep("k", [E("a", est(1)), E("b", est(1))], 20.0)
+    assert r.kept["k"][2] is True                      # a: our call, b: another's
+    r.ended("a", now=20.03)
+    assert r.take("k", 20.035) is None and "k" not in r.kept   # a free by the count: the MA knows better
+    r.keep("free", [E("c", est(0)), E("d", est(1))], 30.0)
+    r.started("x")                                     # calling, but the answer showed a free slot
+    assert r.take("free", 30.005) is not None and r.take("free", 30.02) is None
+
+
+def test_a_call_probes_its_first_server_even_when_every_other_candidate_looks_full():
+    """A first server free by the count gets a probe even when the other
+    candidates look full: the count cannot tell how long the call that holds
+    a slot there runs (a bound call, another client's; an answer gone stale),
+    and a call queued blind behind a long one would wait for all of it."""
+    r = ReusedAnswers(1.0)
+    answer = [E("a", est(0)), E("b", est(1)), E("c", est(1))]
+    ranked = r.rerank(answer, 0.0)
+    assert names(ranked) == ["a", "b", "c"] and r.free(ranked, 0.0)
+    assert r.free(ranked[:1], 0.0)                     # one candidate: still a probe
+    r.started("a")                                     # this client's own call fills a: queued there
+    ranked = r.rerank(answer, 0.0)
+    assert names(ranked)[0] == "a" and not r.free(ranked, 0.0)
 
 
 def test_a_call_is_counted_where_it_went():

@@ -56,7 +56,10 @@ class ClientOptions:
     agent's pushed view serves the next calls of the same service (same
     kind, ``max_candidates`` and aggregator) without asking the MA again,
     re-ranked by this client's own calls in flight on each server
-    (:mod:`gridrpc.client.reuse`; docs/performance.md). 0 turns it off: every
+    (:mod:`gridrpc.client.reuse`; docs/performance.md). An answer that
+    showed every server full (a saturated tree) serves longer, up to 1 s
+    (``gridrpc.client.reuse.SATURATED_REUSE``), while this client calls back
+    to back and those servers stay full by its count. 0 turns it off: every
     call asks the MA. A call on data references, an answer from a fan-out
     (estimations that depend on the request) and ``discover()`` itself always
     ask; a failed call forgets the kept answers. Default 0.01 (10 ms).

@@ -14,8 +14,12 @@ So that the calls made from one answer do not all land on its first server,
 the answer is ranked again for every call by each server's load (``load``),
 per slot, ties in the MA's order: this client's calls in flight there, plus
 the calls the answer's estimation showed that this client's own recent
-calls there (in flight, or ended within the MA's choice memory) do not
-explain. The estimation often shows this client's own calls: the servers
+calls there (in flight, or ended within the MA's choice memory, when the
+answer came: ``mine``) do not explain. The calls this client makes from the
+answer are not among them: counted when the answer came, a server's load
+does not fall as this client's calls from the answer end there (it would
+look free after a few calls of a window, and the next one would probe a
+full server). The estimation often shows this client's own calls: the servers
 push every change within milliseconds, a push coalesced over short calls
 may show one that has ended, and the MA shows its recent choices as waiting
 calls until a newer snapshot comes, which a call shorter than the push
@@ -29,20 +33,32 @@ next call asks the MA again, which knows the other servers — unless the
 answer showed no free slot when it came (the tree is saturated: the MA
 could only name queues too); the calls then queue on its servers, least
 loaded first, so that N calls on M full single-slot servers put at most
-ceil(N/M) on each. Calls that wait for one discovery together ask for as
+ceil(N/M) on each. Such a saturated answer also serves past the window, up
+to ``SATURATED_REUSE`` after it came, a client that calls back to back (a
+call in flight, or one that ended within the window) while, by that count,
+every server of it is still full: a free slot is taken within milliseconds,
+so an answer's free servers are trusted for the window only, while the
+queues of a saturated tree change slowly and its calls would all queue
+anyway, while a DISCOVER costs the MA and the client more CPU than a
+short call itself (docs/performance.md, "Load generation"). A
+client that paused asks the MA again: the load that saturated the tree may
+be gone. Calls that wait for one discovery together ask for as
 many servers as they are, plus as many as this client has calls on
 (``ask_for``, at most ``MAX_ASK``), so a burst is shown every server it
 can use, not the first ``k``; each call still gets ``k`` candidates.
 
 Where a call goes is decided by the servers (late binding,
 :mod:`gridrpc.core.call`): a call whose first server is free by that count
-is sent there as a probe, and a server that cannot start it at once passes
+is sent to it as a probe, and a server that cannot start it at once passes
 it to the next candidate, so a count that is wrong (another client's calls
 taken for this client's, an answer gone stale) costs a round trip, not a
-call parked in a queue (with more than one candidate); a call whose first
-server is full of this client's
-own calls is queued there, not probed (``Discovered.first_free``). A call
-is counted where it went (``moved``), not where its answer put it first.
+call parked in a queue behind a server while another is free. That holds
+also when every other candidate looks full: the count cannot see how long
+the call that took the first server's slot will run (a bound call, another
+client's), and a call queued blind behind a long one waits for all of it.
+A call whose first server is full of this client's own calls is queued
+there, not probed (``Discovered.first_free``). A call is counted
+where it went (``moved``), not where its answer put it first.
 
 Only answers the MA marked as coming from its view are kept (a fan-out's
 answer may depend on the request); a call that left a server for a
@@ -53,6 +69,7 @@ Pure: the caller gives ``now``.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any, Callable, Hashable, Sequence
 
@@ -62,8 +79,8 @@ from ..core.call_types import Fail
 from ..core.discovery import CHOICE_MEMORY
 from ..core.tally import tally
 
-__all__ = ["ReusedAnswers", "MAX_KEPT", "MAX_ASK", "FORGET_KINDS", "load", "ask_for", "answer_key",
-           "server_failed", "ask_again"]
+__all__ = ["ReusedAnswers", "MAX_KEPT", "MAX_ASK", "SATURATED_REUSE", "FORGET_KINDS", "load", "ask_for",
+           "answer_key", "server_failed", "ask_again"]
 
 #: failures of a call after which the kept answers are forgotten (a server or the network failed)
 FORGET_KINDS = frozenset({"communication", "server_lost", "worker_died", "timeout", "no_server",
@@ -75,6 +92,11 @@ MAX_KEPT = 256
 #: servers one discovery asks for at most (``ask_for``; more only when ``max_candidates`` is more):
 #: every call re-ranks the kept answer, so its size is paid on each call of the window
 MAX_ASK = 16
+
+#: seconds after it came that an answer which showed no free slot (a saturated tree) serves, past the
+#: window, a client calling back to back while every server of it stays full by the client's count
+#: (``ReusedAnswers.take``); the MA's choice memory (``CHOICE_MEMORY``) has the same length
+SATURATED_REUSE = 1.0
 
 
 def ask_for(k: int, calls: int, taken: int = 0) -> int:
@@ -120,12 +142,13 @@ def server_failed(machine: Any, outcome: Any) -> bool:
         type(outcome) is Fail and outcome.error.kind in FORGET_KINDS)
 
 
-def load(server: Any, flying: int, ended: int = 0) -> float:
+def load(server: Any, flying: int, ended: int = 0, mine: int | None = None) -> float:
     """Calls per slot on ``server``: ``flying``, this client's calls in
     flight there, plus those its estimation showed (running and waiting,
     over ``max_concurrent``) beyond what this client's own recent calls
-    there explain (``flying`` and ``ended``: its calls there that ended
-    lately); without those fields, ``flying``.
+    there explain (``mine`` when given: those the estimation may show,
+    counted when the answer came; else ``flying`` and ``ended``: its calls
+    there that ended lately); without those fields, ``flying``.
 
     Taking another client's call for one of this client's makes a server
     look free when it is not: the call probes it and moves on (late
@@ -135,7 +158,7 @@ def load(server: Any, flying: int, ended: int = 0) -> float:
     if type(est) is dict:
         running, slots, waiting = est.get("num_running"), est.get("max_concurrent"), est.get("num_waiting", 0)
         if type(running) is int and type(slots) is int and type(waiting) is int and slots > 0:
-            others = max(0, running) + max(0, waiting) - flying - ended
+            others = max(0, running) + max(0, waiting) - (flying + ended if mine is None else mine)
             return (flying + others if others > 0 else flying) / slots
     return float(flying)
 
@@ -146,41 +169,69 @@ class ReusedAnswers:
     MA's answers and the servers' coalesced pushes may still show).
     ``now``: the caller's clock; left out, ended calls are not counted."""
 
-    __slots__ = ("window", "kept", "in_flight", "ended_at", "reused", "asked", "_first")
+    __slots__ = ("window", "saturated_window", "kept", "in_flight", "ended_at", "last_end", "reused", "asked",
+                 "_last")
 
     def __init__(self, window: float) -> None:
         if not window > 0:
             raise ValueError(f"reuse window must be > 0 s, not {window!r}")
         self.window = float(window)
-        self.kept: dict[Hashable, tuple[float, list, bool]] = {}      # key -> (when, servers, saturated)
+        self.saturated_window = max(self.window, SATURATED_REUSE)
+        # key -> (when, servers, saturated, mine: this client's calls per server that the answer may show)
+        self.kept: dict[Hashable, tuple[float, list, bool, dict]] = {}
         self.in_flight: dict[str, int] = {}
         self.ended_at: dict[str, deque] = {}    # server -> when this client's calls there ended, oldest first
+        self.last_end = -math.inf   # when this client's last call ended (any server)
         self.reused = 0             # calls that took a kept answer
         self.asked = 0              # answers kept
-        self._first: tuple = (None, 0.0)    # rerank's last list and its first server's load (free)
+        self._last: tuple = (None, ())      # rerank's last list and its servers' loads, in its order
 
     def take(self, key: Hashable, now: float) -> list | None:
         """The kept answer for ``key``, ranked again for this call, or None:
-        none kept, older than the window (forgotten), or no free slot left
-        on its servers by this client's count while the answer showed one
-        (``fits``: the MA knows other servers)."""
+        none kept, older than the window (forgotten: the MA knows better by
+        now), or no free slot left on its servers by this client's count
+        while the answer showed one (``fits``: the MA knows other servers).
+        A saturated answer serves past the window, up to ``SATURATED_REUSE``,
+        while this client calls back to back (``calling``) and every server
+        of it is full by the count (``free``)."""
         got = self.kept.get(key)
         if got is None:
             return None
-        at, servers, saturated = got
-        if now - at > self.window or now < at:
+        at, servers, saturated, mine = got
+        age = now - at
+        if now < at or age > self.window and not (saturated and age <= self.saturated_window
+                                                  and self.calling(now)):
             del self.kept[key]
             return None
-        ranked = self.rerank(servers, now)
-        if not self.fits(ranked, saturated, now):
+        ranked = self.rerank(servers, now, mine)
+        if age > self.window:
+            if self.free(ranked, now):          # a free slot by the count, shown too long ago to trust
+                del self.kept[key]
+                return None
+        elif not self.fits(ranked, saturated, now):
             return None
         self.reused += 1
         return ranked
 
-    def load(self, server: Any, now: float | None = None) -> float:
-        """``load`` of ``server`` by this client's count."""
+    def calling(self, now: float) -> bool:
+        """Whether this client calls back to back: a call in flight, or one
+        that ended within the window before ``now``."""
+        return bool(self.in_flight) or now - self.last_end <= self.window
+
+    def load(self, server: Any, now: float | None = None, mine: dict | None = None) -> float:
+        """``load`` of ``server`` by this client's count (``mine``: the
+        answer's, see :meth:`mine`; else counted at ``now``)."""
         name = server.name
+        if mine is not None:
+            return load(server, self.in_flight.get(name, 0), mine=mine.get(name, 0))
         return load(server, self.in_flight.get(name, 0), 0 if now is None else self.recent(name, now))
+
+    def mine(self, servers: Sequence[Any], now: float) -> dict[str, int]:
+        """Per server of an answer that comes at ``now``: this client's calls
+        there that its estimation may show (in flight, or ended within
+        ``CHOICE_MEMORY``); a call this client makes later is not among them."""
+        flying = self.in_flight
+        return {s.name: flying.get(s.name, 0) + self.recent(s.name, now) for s in servers}
 
     def recent(self, name: str, now: float) -> int:
         """This client's calls on ``name`` that ended within ``CHOICE_MEMORY`` before ``now``."""
@@ -203,43 +254,50 @@ class ReusedAnswers:
 
     def free(self, ranked: Sequence[Any], now: float | None = None) -> bool:
         """Whether the first of ``ranked`` has a free slot by this client's
-        count, before the call is counted there: the call probes it (late
-        binding); else it queues there."""
-        first = self._first                 # (the list rerank returned last, its first server's load)
-        if first[0] is ranked:
-            return first[1] < 1
+        count, before the call is counted there."""
+        last = self._last                   # (the list rerank returned last, its servers' loads)
+        if last[0] is ranked:
+            return last[1][0] < 1
         return self.load(ranked[0], now) < 1
 
-    def saturated(self, servers: Sequence[Any], now: float | None = None) -> bool:
+    def saturated(self, servers: Sequence[Any], now: float | None = None, mine: dict | None = None) -> bool:
         """No server of the answer has a free slot (by its estimation and
         this client's calls)."""
-        return all(self.load(s, now) >= 1 for s in servers)
+        return all(self.load(s, now, mine) >= 1 for s in servers)
 
-    def rerank(self, servers: Sequence[Any], now: float | None = None) -> list:
+    def rerank(self, servers: Sequence[Any], now: float | None = None, mine: dict | None = None) -> list:
         """``servers`` (best first) ordered by their load by this client's
-        count (``load``); a stable sort: ties keep the MA's order. With
-        nothing of this client in flight the MA's order stands, unless its
-        first server shows no free slot while another does (the MA's
-        aggregator need not rank by load, e.g. least recently used first):
-        then a free one comes first, so an answer kept as not saturated
-        serves the next call."""
-        if not self.in_flight and (not servers or self.load(servers[0], now) < 1
-                                   or self.saturated(servers, now)):
-            return list(servers)
-        loads = [self.load(s, now) for s in servers]
+        count (``load``; ``mine``: the answer's, see :meth:`mine`); a stable
+        sort: ties keep the MA's order. With nothing of this client in
+        flight the MA's order stands, unless its first server shows no free
+        slot while another does (the MA's aggregator need not rank by load,
+        e.g. least recently used first): then a free one comes first, so an
+        answer kept as not saturated serves the next call."""
+        loads = [self.load(s, now, mine) for s in servers]
+        if not self.in_flight and (not loads or loads[0] < 1 or min(loads) >= 1):
+            ranked = list(servers)
+            self._last = (ranked, loads)
+            return ranked
         order = sorted(range(len(servers)), key=loads.__getitem__)     # stable: ties in the MA's order
         ranked = [servers[i] for i in order]
-        self._first = (ranked, loads[order[0]]) if order else (None, 0.0)
+        self._last = (ranked, [loads[i] for i in order])
         return ranked
 
-    def keep(self, key: Hashable, servers: Sequence[Any], now: float, saturated: bool | None = None) -> None:
-        """Keep a view answer (``saturated``: ``self.saturated(servers, now)``, when the caller has it)."""
+    def keep(self, key: Hashable, servers: Sequence[Any], now: float, saturated: bool | None = None,
+             mine: dict | None = None) -> None:
+        """Keep a view answer that came at ``now`` (``saturated``, ``mine``:
+        ``self.saturated(servers, now, mine)`` and ``self.mine(servers, now)``,
+        when the caller has them)."""
         if not servers:
             return
+        if mine is None:
+            mine = self.mine(servers, now)
+        if saturated is None:
+            saturated = self.saturated(servers, now, mine)
         self.kept.pop(key, None)
         if len(self.kept) >= MAX_KEPT:
             del self.kept[next(iter(self.kept))]
-        self.kept[key] = (now, list(servers), self.saturated(servers, now) if saturated is None else saturated)
+        self.kept[key] = (now, list(servers), saturated, mine)
         self.asked += 1
 
     def settle(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float,
@@ -252,14 +310,15 @@ class ReusedAnswers:
         an answer for data arguments (no ``key``) keeps its order, ranked
         by where the data is. Returns the calls other than the asker whose
         first server has no free slot left: they ask the MA again."""
-        saturated = self.saturated(servers, now)
+        mine = self.mine(servers, now)
+        saturated = self.saturated(servers, now, mine)
         if key is not None and from_view:
-            self.keep(key, servers, now, saturated)
+            self.keep(key, servers, now, saturated, mine)
         again = []
         for f, own in calls:
             if f.machine.finished:
                 continue
-            ranked = self.rerank(servers, now) if key is not None else list(servers)
+            ranked = self.rerank(servers, now, mine) if key is not None else list(servers)
             if f is not asker and not self.fits(ranked, saturated, now):
                 again.append((f, own))          # the answer's servers are taken by the calls before
                 continue
@@ -269,9 +328,10 @@ class ReusedAnswers:
     def answered(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float) -> list:
         """A fresh answer, for the call that asked: kept when the MA gave it
         from its view (and the call has a ``key``), ranked for that call."""
+        mine = self.mine(servers, now)
         if key is not None and from_view:
-            self.keep(key, servers, now)
-        return self.rerank(servers, now)
+            self.keep(key, servers, now, mine=mine)
+        return self.rerank(servers, now, mine)
 
     def begin(self, ranked: Sequence[Any]) -> str:
         """The call goes to the first of ``ranked``: counted in flight there; its name."""
@@ -293,6 +353,7 @@ class ReusedAnswers:
         network's reason: every kept answer is forgotten)."""
         tally(self.in_flight, name, -1)
         if now is not None:
+            self.last_end = now
             times = self.ended_at.get(name)
             if times is None:
                 times = self.ended_at[name] = deque()

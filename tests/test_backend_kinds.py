@@ -5,11 +5,13 @@ edit elsewhere; the built-in kinds agree with their execution back-ends."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from gridrpc.deploy.spec import load
-from gridrpc.errors import ConfigError
+from gridrpc.errors import ConfigError, ProtocolError
 from gridrpc.sed.backends.registry import (BackendKind, get_kind, kind_for_args, kind_names, register_kind,
                                            unregister_kind)
 
@@ -161,3 +163,108 @@ def test_built_in_kinds_match_their_execution_backends():
     assert kind_for_args(a).name == "cloud"
     a = build_parser("sed").parse_args(["sed", "--name", "c", "--cloud", "max_vms=2", "--batch", "oar"])
     assert kind_for_args(a).name == "batch"                   # --batch wins, as the order of BUILTIN says
+
+
+# --------------------------------------------------------------------------- estimation tags and reply details
+
+def _unstarted_seds(tmp_path):
+    """A batch SeD (a job per call), a pilot SeD and a cloud SeD, built as
+    ``gridrpc sed`` builds them but not started: their back-ends' estimates
+    and replies are computed from their settings and state alone."""
+    from gridrpc.sed.batch.config import parse_batch_config
+    from gridrpc.sed.batch.sed import BatchSeD
+    from gridrpc.sed.cloud.config import parse_cloud_config
+    from gridrpc.sed.cloud.sed import CloudSeD
+    jobs = BatchSeD("b1", None, config=parse_batch_config({"scheduler": "slurm", "shared_dir": str(tmp_path / "b")}))
+    pilots = BatchSeD("p1", None, config=parse_batch_config(
+        {"scheduler": "oar", "shared_dir": str(tmp_path / "p"), "pilot": {"max_pilots": 2, "host": "127.0.0.1"}}))
+    cloud = CloudSeD("c1", None, config=parse_cloud_config(
+        {"image": "ami-1", "instance_type": "t3.micro", "services": ["gridrpc.examples.services:add"]}))
+    for sed in (jobs, pilots):
+        sed.add_service("add", "gridrpc.examples.services:add")
+    return jobs, pilots, cloud
+
+
+def _vector(sed) -> dict:
+    import time
+    replica = next(iter(sed.replicas.values()))
+    return sed.execution.estimate(replica, sed.services["add"], "alice", time.time())
+
+
+def test_built_in_kinds_declare_exactly_the_estimation_tags_their_seds_send(tmp_path):
+    """A kind's ``tags`` are the tags its SeDs add to the standard ones: every
+    vector stays within them, and every declared tag is sent by some SeD of
+    the kind (a job per call in each state of the cluster, pilots, VMs) and
+    documented on the kind's page."""
+    from gridrpc import SeD
+    from gridrpc.core.estimation import STANDARD_TAGS
+    from gridrpc.sed.batch.base import ClusterInfo
+    from gridrpc.sed.batch.estimate import ClusterSnapshot, batch_tags
+    jobs, pilots, cloud = _unstarted_seds(tmp_path)
+    plain = SeD("s1", None)
+    plain.add_service("add", "gridrpc.examples.services:add")
+    cluster = ClusterInfo(partition="debug", total_cpus=8, free_cpus=8, total_nodes=2, free_nodes=2,
+                          max_walltime=3600.0, available=True)
+    common = dict(now=1000.0, tcomp=10.0, tcomp_source="service", cpus_per_job=1, walltime=60.0, num_pending=0,
+                  num_running=0, queued_here=0, submitted_cpus_since=0, max_jobs=4, last_solve=None,
+                  scheduler="slurm", partition="debug")
+    batch = [_vector(jobs), _vector(pilots),
+             batch_tags(snapshot=ClusterSnapshot(taken=990.0, cluster=cluster, queue_length=0, est_start=5.0,
+                                                 est_start_known=True), **common),
+             batch_tags(snapshot=ClusterSnapshot(taken=990.0, cluster=cluster, impossible="too big"), **common)]
+    sent = {"sed": [_vector(plain)], "batch": batch, "cloud": [_vector(cloud)]}
+    docs = {"batch": "docs/batch.md", "cloud": "docs/cloud.md"}
+    root = Path(__file__).resolve().parent.parent
+    for name, vectors in sent.items():
+        kind = get_kind(name)
+        extra = set().union(*(set(v) - set(STANDARD_TAGS) for v in vectors))
+        assert extra == kind.tags, (name, sorted(extra ^ kind.tags))
+        assert all(v["server_type"] == kind.server_type for v in vectors), name
+        if name in docs:
+            text = (root / docs[name]).read_text()
+            missing = [t for t in sorted(kind.tags) if f"`{t}`" not in text and f"`{t}:" not in text]
+            assert not missing, f"{docs[name]} does not describe {missing}"
+    assert get_kind("sed").tags == frozenset()
+
+
+def test_replies_say_what_each_backend_did_under_its_own_name(tmp_path):
+    """A batch job's, a pilot's and a VM's answer carry their detail in the
+    ``backend`` field under the back-end's name (one of its kind's
+    ``backends``), which the wire check of gridrpc.core accepts without
+    knowing the names; a relay keeps what the SeD it relays said."""
+    from gridrpc.core import messages as m
+    from gridrpc.core.messages import MsgType
+    from gridrpc.sed.backends import with_backend
+    from gridrpc.sed.batch import jobfiles
+    from gridrpc.sed.batch.base import JobInfo, JobState
+    from gridrpc.sed.batch.state import CallJob
+    jobs, pilots, cloud = _unstarted_seds(tmp_path)
+    job = CallJob(call_id="c1", dir=str(tmp_path), service="add", user="alice", received=1.0, job_id="12")
+    info = JobInfo(job_id="12", state=JobState.FAILED, reason="NonZeroExitCode", exit_code=3, signal=0,
+                   node_list=("n1", "n2"), raw_state="FAILED")
+    ok = jobs.execution._reply("c1", job, info, jobfiles.Outcome(ok=True, value=3), "")
+    failed = jobs.execution._reply("c2", job, info, None, "last words")
+    # the VM's and the pilot's SeDs answered a call; their relays add their own detail
+    inner = m.make(MsgType.RESULT, "r1", value=3, server="vm-sed", backend={"batch": {"job_id": "9"}})
+    on_vm = cloud.execution._on_vm_answer(SimpleNamespace(id="c3"), "c1-vm-1", MsgType.RESULT, inner, [])
+    on_pilot = pilots.execution._answered(SimpleNamespace(id="c4"), "pilot-1", MsgType.ERROR,
+                                          m.error_header("r2", "remote", "boom", server="pilot-sed"), [])
+    got = {}
+    for backend, outcome in (("batch", ok), ("batch", failed), ("cloud", on_vm), ("pilot", on_pilot)):
+        mt, h = m.parse_header(m.dumps(outcome.header))       # what the client checks
+        assert mt is (MsgType.RESULT if outcome.ok else MsgType.ERROR)
+        got.setdefault(backend, []).append(h["backend"])
+    assert got["batch"][0]["batch"] == {"job_id": "12", "state": "FAILED", "raw_state": "FAILED",
+                                        "reason": "NonZeroExitCode", "exit_code": 3, "signal": 0,
+                                        "nodes": ["n1", "n2"], "scheduler": "slurm"}
+    assert "exit code 3" in failed.header["error"]["message"] and got["batch"][1] == got["batch"][0]
+    assert got["cloud"] == [{"batch": {"job_id": "9"}, "cloud": {"vm": "c1-vm-1"}}]
+    assert got["pilot"] == [{"pilot": {"pilot": "pilot-1"}}]
+    assert inner.get("backend") == {"batch": {"job_id": "9"}}           # the relayed header is not changed
+    for kind in ("batch", "cloud"):
+        assert {b for b, _ in got.items() if b in get_kind(kind).backends} == set(get_kind(kind).backends)
+    # a new kind's detail needs nothing in gridrpc.core; the bounds still hold
+    toy = with_backend(m.make(MsgType.RESULT, "r3", value=1), "toy", {"speed": 3, "lanes": ["a", "b"]})
+    assert m.parse_header(m.dumps(toy))[1]["backend"] == {"toy": {"speed": 3, "lanes": ["a", "b"]}}
+    with pytest.raises(ProtocolError, match="backend"):
+        m.parse_header(m.dumps(with_backend(toy, "toy", {"speed": {"nested": 1}})))

@@ -12,7 +12,7 @@ WIRE_TYPES = [t.value for t in MsgType]
 FIELD_NAMES = ["name", "kind", "services", "elements", "load", "address", "host", "pid", "started", "known",
                "service", "k", "aggregator", "budget_ms", "user", "optional", "args", "names", "servers",
                "answered", "timed_out", "found", "tree", "kwargs", "sed", "duplicate", "patience", "value",
-               "server", "timing", "batch", "vm", "state", "ids", "calls", "error"]
+               "server", "timing", "backend", "batch", "vm", "state", "ids", "calls", "error"]
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),

@@ -19,7 +19,7 @@ import pytest
 from gridrpc.core.aggregators import make_aggregator
 from gridrpc.sed.batch.cluster import ClusterViewMixin
 from gridrpc.sed.batch.estimate import RunRecord
-from gridrpc.sed.batch.state import _Job
+from gridrpc.sed.batch.state import CallJob
 from gridrpc.sim.batch_cluster import BatchCluster, SimJob
 from gridrpc.sim.swf import SWFError, SWFJob, Trace, format_swf, parse_swf, read_swf
 from gridrpc.sim.swf_gen import generate
@@ -211,10 +211,10 @@ def test_the_vector_is_what_the_real_batch_sed_computes():
     real = SimpleNamespace(config=SimpleNamespace(time_limit=300, nodes=None, ntasks=4, cpus_per_task=1,
                                                   max_jobs=1000, scheduler="sim-easy", partition="c"),
                            history=sed.history, _snapshot=sed.snapshot(4, 300, now), _submitted_since=[],
-                           _jobs={j.id: _Job(call_id=str(j.id), dir="", service=j.service, user=j.user,
-                                             received=j.submit, walltime=j.wall, cpus=j.cpus,
-                                             state="running" if j.start is not None else "submitted",
-                                             submitted=j.submit, started=j.start) for j in jobs})
+                           _jobs={j.id: CallJob(call_id=str(j.id), dir="", service=j.service, user=j.user,
+                                                received=j.submit, walltime=j.wall, cpus=j.cpus,
+                                                state="running" if j.start is not None else "submitted",
+                                                submitted=j.submit, started=j.start) for j in jobs})
     replica = SimpleNamespace(scheduler=SimpleNamespace(requests=[], running=[]), last_solve=sed.last_solve)
     want = ClusterViewMixin.estimate(real, replica, SimpleNamespace(name="app1"), "u1", now)
     assert got.pop("price") == pytest.approx(math.ceil(want["tcomp"]) * 4 * 0.5 / 3600)   # 4 CPUs x 0.5/CPU-h

@@ -4,16 +4,18 @@ Standard tags (DIET's names in lower case): ``tcomp`` (predicted run time of
 the service, learnt), ``eft`` (earliest finish time, unix seconds),
 ``free_cpu`` (0..1), ``free_mem`` (bytes), ``nb_cpu``, ``total_mem``,
 ``num_waiting``, ``num_running``, ``max_concurrent``, ``time_since_last_solve``,
-``server_type`` (``serial`` | ``batch`` | ``cloud``); batch: ``est_wait``,
-``nb_free_resources``, ``nb_total_resources``, ``slowdown``; cloud: ``price``,
-``boot_time``. Services may add or override tags with their own function.
+``est_wait`` (predicted seconds before the call starts), ``server_type``
+(``serial`` | ``batch`` | ``cloud``...). Each kind of SeD declares the tags it
+adds (``BackendKind.tags`` in :mod:`gridrpc.sed.backends.registry`: batch
+``nb_free_resources``, ``slowdown``...; cloud ``price``, ``boot_time``...).
+Services may add or override tags with their own function.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 STANDARD_TAGS = ("tcomp", "eft", "free_cpu", "free_mem", "nb_cpu", "total_mem", "num_waiting",
-                 "num_running", "max_concurrent", "time_since_last_solve", "server_type")
+                 "num_running", "max_concurrent", "time_since_last_solve", "est_wait", "server_type")
 
 
 @dataclass(slots=True)

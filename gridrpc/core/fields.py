@@ -25,7 +25,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_K = 100_000                 # servers asked for in one discovery
 MAX_BUDGET_MS = 86_400_000.0    # a day; agents clamp to their own limits anyway
 MAX_ITEMS = 100_000             # servers, elements, services, ids in one message
-MAX_KEYS = 256                  # load, timing, batch and error objects
+MAX_KEYS = 256                  # load, timing, back-end and error objects
 MAX_BATCH = 512                 # messages in one batch envelope
 MAX_VIEW_MISSING = 1024         # SeD names a parent asks one child for in a heartbeat_ack
 MAX_BATCH_PART = 1024           # frames of one message inside a batch
@@ -230,12 +230,44 @@ def _timing(v: object) -> bool:
         if _scalar(x):
             continue
         if type(x) is dict and len(x) <= MAX_KEYS and all(map(_scalar, x.values())):
-            continue                        # one nested level (the cloud SeD's "vm" timing)
+            continue                        # one nested level (a relaying SeD's inner timing)
         return False
     return True
 
 
 TIMING = (_timing, "an object of numbers, short strings or null (one level of nesting)")
+
+#: execution back-ends that may describe one reply (a relay adds its own to the one it relays)
+MAX_BACKENDS = 8
+
+
+def _detail_scalar(x: object) -> bool:
+    t = type(x)
+    return (x is None or t is bool or ((t is float or t is int) and -1e300 <= x <= 1e300)
+            or (t is str and len(x) <= LONG))     # a scheduler's reason may be long
+
+
+def _detail_value(x: object) -> bool:
+    return _detail_scalar(x) or (type(x) is list and len(x) <= MAX_ITEMS and all(map(_detail_scalar, x)))
+
+
+def _backend(v: object) -> bool:
+    if type(v) is not dict or len(v) > MAX_BACKENDS:
+        return False
+    for name, detail in v.items():
+        if type(name) is not str or len(name) > SHORT or type(detail) is not dict or len(detail) > MAX_KEYS:
+            return False
+        for k, x in detail.items():
+            if type(k) is not str or len(k) > SHORT or not _detail_value(x):
+                return False
+    return True
+
+
+#: what the execution back-ends that ran a call say about it, under their own names (e.g.
+#: ``{"batch": {"job_id": "12", "nodes": ["n1"]}}``): the names and keys are the back-ends', the
+#: bounds are these
+BACKEND = (_backend, f"an object of at most {MAX_BACKENDS} back-end names to objects of numbers, "
+                     "strings, null or lists of those")
 
 
 def _error(v: object) -> bool:
@@ -333,7 +365,7 @@ BY_TYPE: dict[str, tuple] = {
                         ("patience", False, *number(0, 1e9)), ("state", False, *TEXT_SHORT),
                         ("idempotent", False, *BOOL)),
     "result": _fields(("value", False, *ANY), ("server", False, *NAME), ("timing", False, *TIMING),
-                      ("batch", False, *obj(MAX_KEYS)), ("vm", False, *TEXT_SHORT)),
+                      ("backend", False, *BACKEND)),
     "cancel": _fields(("sed", False, *NAME)),
     "cancelled": _fields(("state", False, *TEXT_SHORT), ("server", False, *NAME), ("timing", False, *TIMING)),
     "ping": _fields(("ids", False, *list_of(ID, MAX_ITEMS))),
@@ -358,5 +390,5 @@ BY_TYPE: dict[str, tuple] = {
     "bulk_opened": _fields(("session", True, *hex_bytes(16)), ("key", True, *hex_bytes(32)),
                            ("token", True, *hex_bytes(32)), ("port", True, *integer(1, 65535))),
     "error": _fields(("error", True, *ERROR), ("server", False, *NAME), ("name", False, *NAME),
-                     ("timing", False, *TIMING), ("batch", False, *obj(MAX_KEYS)), ("vm", False, *TEXT_SHORT)),
+                     ("timing", False, *TIMING), ("backend", False, *BACKEND)),
 }

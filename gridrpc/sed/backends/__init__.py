@@ -53,7 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..server import Replica, SeD
     from ..services import Service
 
-__all__ = ["ExecutionBackend", "BaseBackend", "Outcome", "BACKENDS", "register_backend", "make_backend"]
+__all__ = ["ExecutionBackend", "BaseBackend", "Outcome", "BACKENDS", "register_backend", "make_backend",
+           "with_backend"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -73,6 +74,16 @@ class Outcome:
     buffers: list = field(default_factory=list)
     timing: dict = field(default_factory=dict)      # more timing fields (e.g. the VM's)
     run_time: float | None = None                   # seconds the service ran (learnt for tcomp)
+
+
+def with_backend(header: dict, name: str, detail: dict) -> dict:
+    """A copy of the RESULT or ERROR *header* whose ``backend`` field also
+    holds what back-end *name* says about the call (*detail*: its job, its VM,
+    its pilot), next to what the back-ends it relays already said. The wire
+    bounds the field (:data:`gridrpc.core.fields.BACKEND`); the names are the
+    back-ends'."""
+    said = header.get("backend")
+    return dict(header, backend={**(said if isinstance(said, dict) else {}), name: detail})
 
 
 @runtime_checkable

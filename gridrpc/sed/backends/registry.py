@@ -14,7 +14,10 @@ package needs to know about it:
   they describe (:attr:`~BackendKind.build`);
 - the ``gridrpc sed`` arguments of a deployment entry of that kind
   (:attr:`~BackendKind.entry_args`: what ``gridrpc deploy`` runs);
-- its estimation tag ``server_type``.
+- its estimation tags: ``server_type`` and the :attr:`~BackendKind.tags`
+  its SeDs add to the standard ones (what aggregators may rank by);
+- the names its back-ends give what they say about a call in a reply's
+  ``backend`` field (its :attr:`~BackendKind.backends`).
 
 ``gridrpc sed`` (:mod:`gridrpc.cli.daemons`), the deployment-file check
 (:mod:`gridrpc.deploy.schema`) and the deployment runner
@@ -23,7 +26,8 @@ back-end is one module calling :func:`register_kind` (imported before the
 parser is built or the file read) plus its tests::
 
     register_kind(BackendKind(name="mpi", summary="calls as mpirun commands", backends=("mpi",),
-                              server_type="parallel", selected=lambda a: bool(a.mpi_hosts),
+                              server_type="parallel", tags=frozenset({"mpi_ranks"}),
+                              selected=lambda a: bool(a.mpi_hosts),
                               add_arguments=add_mpi_arguments, build=make_mpi_sed,
                               keys=frozenset({"mpi_hosts"}), check_entry=check_mpi_entry,
                               entry_args=mpi_entry_args))
@@ -73,12 +77,20 @@ class BackendKind:
     them and names them). ``check_entry(settings, what)`` raises ConfigError
     on bad values; ``entry_args(settings, what)`` gives the ``gridrpc sed``
     arguments reproducing them. ``settings`` is the entry's keys of this
-    kind plus those no SeD has (see :meth:`settings`)."""
+    kind plus those no SeD has (see :meth:`settings`).
+
+    ``backends`` names its execution back-ends; each says what it did with a
+    call under its own name in the reply's ``backend`` field (a batch job's
+    id, state and nodes; a VM's name). ``tags`` are the estimation tags its
+    SeDs put in their vectors besides
+    :data:`~gridrpc.core.estimation.STANDARD_TAGS` (``tests/test_backend_kinds.py``
+    checks that the built-in kinds declare exactly those they send)."""
     name: str
     summary: str
     backends: tuple[str, ...]
     server_type: str
     build: Callable[[argparse.Namespace, str, dict], Any]
+    tags: frozenset[str] = frozenset()
     selected: Callable[[argparse.Namespace], bool] | None = None
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     keys: frozenset[str] = frozenset()

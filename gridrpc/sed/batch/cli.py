@@ -12,7 +12,7 @@ import argparse
 from ...errors import ConfigError
 from ..backends.plain import add_service_specs, service_specs
 from ..backends.registry import BackendKind, register_kind
-from .config import _CLI_FLAGS, BATCH_KEYS, batch_settings, config_to_cli, parse_batch_config
+from .config import CLI_FLAGS, BATCH_KEYS, batch_settings, config_to_cli, parse_batch_config
 from .pilot_config import PILOT_FLAGS
 from .registry import scheduler_names
 
@@ -70,7 +70,7 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("batch SeD", "each call runs as one batch job (see docs/batch.md)")
     g.add_argument("--batch", metavar="SCHEDULER",
                    help=f"run a batch SeD on this scheduler: {', '.join(scheduler_names())}")
-    for name, flag in _CLI_FLAGS.items():
+    for name, flag in CLI_FLAGS.items():
         if name == "scheduler":
             continue
         dest = f"batch_{name}"
@@ -103,7 +103,7 @@ def wants_batch(a: argparse.Namespace) -> bool:
 
 def batch_settings_from_args(a: argparse.Namespace) -> dict:
     data: dict = {"scheduler": a.batch}
-    for name in _CLI_FLAGS:
+    for name in CLI_FLAGS:
         if name == "scheduler":
             continue
         v = getattr(a, f"batch_{name}", None)
@@ -158,8 +158,17 @@ def batch_entry_args(settings, what: str) -> list[str]:
     return config_to_cli(parse_batch_config(batch_settings(settings), what=what))
 
 
+#: estimation tags of batch SeDs besides the standard ones: a job per call (batch_tags), then pilots
+ESTIMATION_TAGS = frozenset({
+    "tcomp_source", "est_wait_source", "est_wait_scheduler", "slowdown", "batch_scheduler", "batch_available",
+    "batch_error", "partition", "walltime", "max_walltime", "nb_total_resources", "nb_free_resources",
+    "nb_total_nodes", "nb_free_nodes", "queue_length", "estimate_age",
+    "pilot", "pilot_start_estimate", "pilot_walltime", "pilots_paused", "max_pilots", "pilots_ready",
+    "pilots_draining", "pilots_starting", "pilot_free_slots", "calls_waiting_for_pilot", "calls_on_pilots"})
+
 register_kind(BackendKind(name="batch", summary="each call a job of a batch scheduler, or calls on pilot jobs",
-                          backends=("batch", "pilot"), server_type="batch", selected=wants_batch,
+                          backends=("batch", "pilot"), server_type="batch", tags=ESTIMATION_TAGS,
+                          selected=wants_batch,
                           add_arguments=add_batch_arguments, build=make_batch_sed,
                           keys=BATCH_KEYS | {"options"}, check_entry=check_batch_entry,
                           entry_args=batch_entry_args))

@@ -18,7 +18,7 @@ import time
 
 from .base import BatchError, BatchSubmitError, JobInfo, JobSpec, JobState
 from .estimate import ClusterSnapshot, batch_tags
-from .state import _Job
+from .state import CallJob
 
 log = logging.getLogger("gridrpc.sed.batch.sed")
 _SWEEP_EVERY = 300.0
@@ -148,7 +148,7 @@ class ClusterViewMixin:
             or os.path.exists(os.path.join(dirs[jid], "error.json")))}
         return infos, left
 
-    def _on_state(self, job: _Job, info: JobInfo, now: float, left: bool) -> None:
+    def _on_state(self, job: CallJob, info: JobInfo, now: float, left: bool) -> None:
         job.info = info
         if info.state is JobState.UNKNOWN:
             job.unknown_since = job.unknown_since or now

@@ -25,7 +25,7 @@ from .pilot_config import PilotConfig, parse_pilot_config, pilot_to_cli
 from .registry import check_scheduler_options, get_scheduler
 
 __all__ = ["BatchConfig", "parse_batch_config", "parse_duration", "parse_call_request",
-           "CALL_OPTION", "CALL_KEYS", "BATCH_KEYS", "batch_settings", "config_to_cli"]
+           "CALL_OPTION", "CALL_KEYS", "BATCH_KEYS", "CLI_FLAGS", "batch_settings", "config_to_cli"]
 
 #: the scheduler of a batch SeD that names none
 DEFAULT_SCHEDULER = "slurm"
@@ -276,7 +276,7 @@ def config_to_cli(c: BatchConfig) -> list[str]:
     """``gridrpc sed`` arguments reproducing *c* (for deployments)."""
     default = BatchConfig()
     args = ["--batch", c.scheduler]
-    for name, flag in _CLI_FLAGS.items():
+    for name, flag in CLI_FLAGS.items():
         v = getattr(c, name)
         if name == "scheduler" or v == getattr(default, name):
             continue
@@ -297,7 +297,8 @@ def config_to_cli(c: BatchConfig) -> list[str]:
     return args
 
 
-_CLI_FLAGS = {
+#: the ``gridrpc sed`` flag of each BatchConfig field (the pilot's own flags: PILOT_FLAGS)
+CLI_FLAGS = {
     "scheduler": "--batch", "partition": "--partition", "account": "--account",
     "time_limit": "--time-limit", "max_time_limit": "--max-time-limit", "nodes": "--nodes",
     "ntasks": "--ntasks", "cpus_per_task": "--cpus-per-task", "submit_options": "--submit-option",

@@ -34,7 +34,7 @@ from typing import Any
 from ...core import codec
 from ...files import FilePath, safe_file_name
 
-__all__ = ["safe_name", "write_json", "read_json", "write_buffers", "read_buffers",
+__all__ = ["safe_name", "write_json", "read_json", "read_started", "write_buffers", "read_buffers",
            "write_call", "read_call", "write_result", "write_error", "read_outcome", "Outcome",
            "tail", "write_reply", "read_reply", "LaterFiles", "write_files", "write_script"]
 
@@ -69,6 +69,16 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
 def read_json(path: str | os.PathLike) -> Any:
     with open(path) as fh:
         return json.load(fh)
+
+
+def read_started(d: str | os.PathLike) -> dict:
+    """What the job wrote in ``started.json`` when it began (job id, host,
+    times), or ``{}`` when it has not started or the file is unreadable."""
+    try:
+        v = read_json(os.path.join(d, "started.json"))
+    except (OSError, ValueError):
+        return {}
+    return v if isinstance(v, dict) else {}
 
 
 def write_buffers(path: str | os.PathLike, buffers: list) -> list[int]:

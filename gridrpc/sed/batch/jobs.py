@@ -50,7 +50,7 @@ from .cluster import ClusterViewMixin
 from .config import CALL_OPTION, BatchConfig, parse_call_request
 from .estimate import JobHistory
 from .replies import JobOutcomeMixin
-from .state import StateDirMixin, _Job
+from .state import CallJob, StateDirMixin
 
 log = logging.getLogger("gridrpc.sed.batch.sed")
 
@@ -110,10 +110,10 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
         self.records: list[dict] = []              # finished jobs: predicted vs actual (docs, tests)
         self.batch_stats = {"submitted": 0, "completed": 0, "failed": 0, "cancelled": 0,
                             "recovered": 0, "submit_errors": 0, "polls": 0, "poll_errors": 0}
-        self._jobs: dict[str, _Job] = {}           # call id -> job of a live call
-        self._by_job: dict[str, _Job] = {}         # scheduler job id -> job being polled
-        self._cancelling: dict[str, _Job] = {}     # call id -> job whose cancel is not verified yet
-        self._undelivered: dict[str, _Job] = {}    # call id -> finished job nobody asked for yet
+        self._jobs: dict[str, CallJob] = {}         # call id -> job of a live call
+        self._by_job: dict[str, CallJob] = {}       # scheduler job id -> job being polled
+        self._cancelling: dict[str, CallJob] = {}   # call id -> job whose cancel is not verified yet
+        self._undelivered: dict[str, CallJob] = {}  # call id -> finished job nobody asked for yet
         self._files: dict[str, list] = {}          # call directory -> files sent with the call, to write
         self._submitted_since: list[tuple[float, int]] = []
         self._bg: set[asyncio.Task] = set()
@@ -221,14 +221,14 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
         self._observe(job, info, outcome, began)
         return self._reply(call.id, job, info, outcome, out_tail)
 
-    def _new_job(self, call) -> _Job:
+    def _new_job(self, call) -> CallJob:
         c, o = self.config, call.options
         nodes = o.get("nodes", c.nodes) or 1
         tasks = o.get("ntasks", c.ntasks) or 1
         cpt = o.get("cpus_per_task", c.cpus_per_task) or 1
-        job = _Job(call_id=call.id, dir=os.path.dirname(call.workdir), service=call.service, user=call.user,
-                   received=call.received, options=dict(o), walltime=o.get("walltime", c.time_limit),
-                   cpus=max(nodes, tasks * cpt))
+        job = CallJob(call_id=call.id, dir=os.path.dirname(call.workdir), service=call.service, user=call.user,
+                      received=call.received, options=dict(o), walltime=o.get("walltime", c.time_limit),
+                      cpus=max(nodes, tasks * cpt))
         job.final = asyncio.get_running_loop().create_future()
         vec = self.sed.estimate(call.replica, call.svc, [], user=call.user)
         tcomp, source = self.history.predict(job.service, job.user, job.walltime)
@@ -241,7 +241,7 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
     def _job_name(self, service: str) -> str:
         return f"gridrpc-{self.sed_name}-{service}"[:64]
 
-    def _job_spec(self, call, job: _Job) -> JobSpec:
+    def _job_spec(self, call, job: CallJob) -> JobSpec:
         c, o = self.config, call.options
         spec = JobSpec(
             script="#!/bin/sh\n", name=self._job_name(job.service), workdir=job.dir,
@@ -256,7 +256,7 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
         command = [c.remote_python, "-m", "gridrpc.sed.batch.run_job", job.dir]
         return dataclasses.replace(spec, script=self.scheduler.render_script(spec, command))
 
-    async def _submit(self, call, job: _Job) -> Outcome | None:
+    async def _submit(self, call, job: CallJob) -> Outcome | None:
         """Write the call's files and submit its job; an Outcome if that failed."""
         target = self.targets.get(job.service)
         try:
@@ -288,7 +288,7 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
         return None
 
     @staticmethod
-    def _write_call(job: _Job, target: str, args, kwargs, files: list) -> None:
+    def _write_call(job: CallJob, target: str, args, kwargs, files: list) -> None:
         """(thread) The call's directory: files sent with it, its arguments."""
         os.makedirs(job.dir, exist_ok=True)
         jobfiles.write_files(files)
@@ -308,7 +308,7 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
                 log.debug("estimate before submitting failed: %s", exc)
         return self.scheduler.submit(spec)
 
-    def _submitted(self, job: _Job, fut: asyncio.Future) -> None:
+    def _submitted(self, job: CallJob, fut: asyncio.Future) -> None:
         job.submit_task = None
         if fut.cancelled() or fut.exception() is not None:
             job.state = "new"
@@ -357,14 +357,14 @@ class BatchJobs(ImportableServices, StateDirMixin, JobOutcomeMixin, ClusterViewM
             self._start_cancel(job)
         return True
 
-    def _start_cancel(self, job: _Job) -> None:
+    def _start_cancel(self, job: CallJob) -> None:
         if job.cancel_task is not None and not job.cancel_task.done():
             return
         job.state = "cancelling" if job.job_id or job.submit_task else job.state
         self._save(job)
         job.cancel_task = self._spawn(self._cancel_job(job))
 
-    async def _cancel_job(self, job: _Job) -> None:
+    async def _cancel_job(self, job: CallJob) -> None:
         if job.submit_task is not None:
             try:
                 await asyncio.shield(job.submit_task)

@@ -37,7 +37,7 @@ from ...core.sed_calls import CallState
 from ...errors import InvalidArgument
 from ...runtime.worker_agent import WorkerAgent
 from ...transport.channel import host_of
-from ..backends import BaseBackend, Outcome
+from ..backends import BaseBackend, Outcome, with_backend
 from ..cloud.relay import VMFailed, VMLink, wake
 from . import jobfiles
 from .base import BatchBackend, BatchError, JobSpec, JobState
@@ -402,7 +402,7 @@ class PilotJobs(ImportableServices, BaseBackend):
             if isinstance(started, (int, float)) and isinstance(ended, (int, float)) and ended >= started:
                 run_time = min(ended - started, 1e7)
         self._apply(self.policy.call_done(call.id, time.time()))
-        return Outcome(ok=mt is MsgType.RESULT, header=dict(vh, pilot=pilot), buffers=frames,
+        return Outcome(ok=mt is MsgType.RESULT, header=with_backend(vh, self.name, {"pilot": pilot}), buffers=frames,
                        timing={"pilot": timing}, run_time=run_time)
 
     def finished(self, call, header, frames, delivered) -> None:

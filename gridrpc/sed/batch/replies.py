@@ -14,7 +14,7 @@ from ..backends import Outcome
 from . import jobfiles
 from .base import JobInfo, JobState
 from .estimate import RunRecord
-from .state import _Job, _read_started
+from .state import CallJob
 
 #: remote_type of the errors a batch call may end with (besides the service's own exceptions)
 ERROR_TYPES = {
@@ -40,7 +40,7 @@ _WHAT = {
 class JobOutcomeMixin:
     result_grace = 5.0      # seconds a COMPLETED job's result file may take to appear (NFS caches)
 
-    def _collect(self, job: _Job, info: JobInfo) -> tuple[jobfiles.Outcome | None, str, float | None]:
+    def _collect(self, job: CallJob, info: JobInfo) -> tuple[jobfiles.Outcome | None, str, float | None]:
         """(thread) The job's result/error, the tail of its output if it has
         no result, and when it began (``started.json``); waits a little for a
         COMPLETED job's files (attribute caches of shared file systems)."""
@@ -56,10 +56,10 @@ class JobOutcomeMixin:
                 break
             time.sleep(0.2)
         out_tail = "" if outcome is not None and outcome.ok else jobfiles.tail(os.path.join(job.dir, "job.out"))
-        began = _read_started(job.dir).get("job_started")
+        began = jobfiles.read_started(job.dir).get("job_started")
         return outcome, out_tail, began if isinstance(began, (int, float)) else None
 
-    def _reply(self, call_id: str, job: _Job, info: JobInfo, outcome: jobfiles.Outcome | None,
+    def _reply(self, call_id: str, job: CallJob, info: JobInfo, outcome: jobfiles.Outcome | None,
                out_tail: str) -> Outcome:
         """The answer to the call (the runtime adds the server and the timing)."""
         batch = {"job_id": job.job_id, "state": info.state.value, "raw_state": info.raw_state,
@@ -67,12 +67,13 @@ class JobOutcomeMixin:
                  "nodes": list(info.node_list), "scheduler": self.config.scheduler}
         if outcome is not None and outcome.ok:
             self.batch_stats["completed"] += 1
-            return Outcome(ok=True, header=m.make(MsgType.RESULT, call_id, value=outcome.value, batch=batch),
+            return Outcome(ok=True, header=m.make(MsgType.RESULT, call_id, value=outcome.value,
+                                                  backend={self.name: batch}),
                            buffers=list(outcome.buffers))
         self.batch_stats["failed"] += 1
         if outcome is not None:      # the service raised (or could not start): its own error
             return Outcome(ok=False, header=m.error_header(call_id, "remote", outcome.message, type_=outcome.type,
-                                                           traceback=outcome.traceback, batch=batch))
+                                                           traceback=outcome.traceback, backend={self.name: batch}))
         type_ = ERROR_TYPES.get(info.state, "BatchJobFailed")
         what = _WHAT.get(info.state, f"ended in state {info.raw_state or info.state.value}")
         if info.state is JobState.COMPLETED:
@@ -90,9 +91,9 @@ class JobOutcomeMixin:
         message = f"batch job {job.job_id} of {job.service} {what} ({'; '.join(detail)})"
         tb = f"output of job {job.job_id} ({job.dir}/job.out), last lines:\n{out_tail}" if out_tail else ""
         return Outcome(ok=False, header=m.error_header(call_id, "remote", message, type_=type_, traceback=tb,
-                                                       batch=batch))
+                                                       backend={self.name: batch}))
 
-    def _observe(self, job: _Job, info: JobInfo, outcome: jobfiles.Outcome | None,
+    def _observe(self, job: CallJob, info: JobInfo, outcome: jobfiles.Outcome | None,
                  began: float | None) -> None:
         """Learn the run time; keep predicted vs actual for the accuracy table.
         Times written by the job itself (``started.json``, the result's end)

@@ -32,13 +32,11 @@ from collections.abc import Iterable, Sequence
 from .base import BatchError, BatchSubmitError, ClusterInfo, JobInfo, JobSpec, JobState
 from .command import CommandBackend
 from .registry import Scheduler, register_scheduler
-from .slurm_parsers import (  # noqa: F401 - re-exported: the parsers' historical home
-    _KV_SPLIT, _NO_ESTIMATE_AFTER, _RANGE_RE, _STATE_MAP, _TEST_ONLY_RE, _UNSET, SACCT_FIELDS,
-    SINFO_FORMAT, SQUEUE_FIELDS, SQUEUE_FORMAT, SinfoRow, _int_or_none, _job_info, _none_if_unset,
-    _parse_exit_pair, _scontrol_fields, decode_wait_status, expand_hostlist, format_time_limit,
-    parse_sacct, parse_sbatch_parsable, parse_sbatch_test_only, parse_scontrol_job,
-    parse_scontrol_jobs, parse_sinfo, parse_squeue, parse_time_limit, parse_timestamp, slurm_state,
-    summarize_partition)
+from .slurm_parsers import (  # noqa: F401 - re-exported: the parsers the backend's users test against
+    SACCT_FIELDS, SINFO_FORMAT, SQUEUE_FIELDS, SQUEUE_FORMAT, SinfoRow, decode_wait_status,
+    expand_hostlist, format_time_limit, parse_sacct, parse_sbatch_parsable, parse_sbatch_test_only,
+    parse_scontrol_job, parse_scontrol_jobs, parse_sinfo, parse_squeue, parse_time_limit,
+    parse_timestamp, slurm_state, summarize_partition)
 from .slurm_script import render_job_script, sbatch_options  # noqa: F401 - re-exported
 
 __all__ = [

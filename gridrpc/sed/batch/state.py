@@ -33,7 +33,7 @@ def _runs_as_job(*args, **kwargs):  # pragma: no cover - never called in the SeD
 
 
 @dataclass
-class _Job:
+class CallJob:
     """One call's job, mirrored in ``meta.json``."""
     call_id: str
     dir: str
@@ -65,7 +65,7 @@ class _Job:
         return {"v": 1, **{k: getattr(self, k) for k in self._SAVED}}
 
     @classmethod
-    def from_meta(cls, d: str, meta: dict) -> "_Job":
+    def from_meta(cls, d: str, meta: dict) -> "CallJob":
         kw = {k: meta[k] for k in cls._SAVED if k in meta}
         return cls(dir=d, **kw)
 
@@ -76,7 +76,7 @@ class StateDirMixin:
         """Run ``fn(*args)`` in the I/O thread (in submission order)."""
         return asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
-    def _save(self, job: _Job) -> asyncio.Future:
+    def _save(self, job: CallJob) -> asyncio.Future:
         """Write the job's ``meta.json`` (its state as of now); await to be sure it is on disk."""
         return self._io_call(self._write_meta, job.dir, job.call_id, job.meta())
 
@@ -86,7 +86,7 @@ class StateDirMixin:
         except OSError as exc:
             log.error("batch SeD %s: cannot save the state of call %s in %s: %s", self.sed_name, cid, d, exc)
 
-    def _remove_dir(self, job: _Job) -> None:
+    def _remove_dir(self, job: CallJob) -> None:
         self._remove_path(job.dir)
 
     def _remove_path(self, path: str) -> None:
@@ -120,7 +120,7 @@ class StateDirMixin:
             log.warning("batch SeD %s: cannot append to the run-time history: %s", self.sed_name, exc)
 
     # ------------------------------------------------------------------ answers kept for later
-    def _keep_reply(self, job: _Job, header: dict, frames: list) -> None:
+    def _keep_reply(self, job: CallJob, header: dict, frames: list) -> None:
         """Nobody to answer now (the client will ask again): keep the answer
         on disk until it is fetched (or ``result_retention`` passes)."""
         job.state = "done"
@@ -129,7 +129,7 @@ class StateDirMixin:
         self._io_call(self._write_reply, job, header, frames[1:])
         self._save(job)
 
-    def _write_reply(self, job: _Job, header: dict, buffers: list) -> None:
+    def _write_reply(self, job: CallJob, header: dict, buffers: list) -> None:
         try:
             jobfiles.write_reply(job.dir, header, buffers)
         except OSError as exc:
@@ -169,7 +169,7 @@ class StateDirMixin:
                 log.error("batch SeD %s: unreadable state %s/meta.json (%s); left alone", self.sed_name, d, exc)
                 continue
             if isinstance(meta, dict) and isinstance(meta.get("call_id"), str):
-                found.append((d, meta, _read_started(d) if meta.get("job_id") is None else {}))
+                found.append((d, meta, jobfiles.read_started(d) if meta.get("job_id") is None else {}))
         found.sort(key=lambda x: x[1].get("received") or 0.0)
         return found
 
@@ -180,7 +180,7 @@ class StateDirMixin:
         r = next(iter(sed.replicas.values()))
         for d, meta, started in found:
             try:
-                job = _Job.from_meta(d, meta)
+                job = CallJob.from_meta(d, meta)
             except TypeError as exc:
                 log.error("batch SeD %s: bad state in %s (%s); left alone", self.sed_name, d, exc)
                 continue
@@ -257,10 +257,3 @@ def _remove_strays(jobs_dir: str, known: set[str], before: float) -> None:
             continue
         shutil.rmtree(d, ignore_errors=True)
 
-
-def _read_started(d: str) -> dict:
-    try:
-        v = jobfiles.read_json(os.path.join(d, "started.json"))
-        return v if isinstance(v, dict) else {}
-    except (OSError, ValueError):
-        return {}

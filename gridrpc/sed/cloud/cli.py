@@ -101,7 +101,12 @@ def cloud_entry_args(settings, what: str) -> list[str]:
     return cloud_cli_args(settings)
 
 
+#: estimation tags of cloud SeDs besides the standard ones (VMPool.estimate)
+ESTIMATION_TAGS = frozenset({"boot_time", "price", "price_per_hour", "policy", "max_vms", "num_vms_running",
+                             "num_vms_booting", "num_vms_busy", "calls_on_vms", "calls_waiting_for_vm"})
+
 register_kind(BackendKind(name="cloud", summary="calls on VMs the SeD starts and stops", backends=("cloud",),
-                          server_type="cloud", selected=wants_cloud, add_arguments=add_cloud_arguments,
+                          server_type="cloud", tags=ESTIMATION_TAGS, selected=wants_cloud,
+                          add_arguments=add_cloud_arguments,
                           build=make_cloud_sed, keys=CLOUD_KEYS, names_unknown_keys=True,
                           check_entry=check_cloud_entry, entry_args=cloud_entry_args))

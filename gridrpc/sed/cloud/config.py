@@ -14,7 +14,6 @@ cloud SeD.
 from __future__ import annotations
 
 import math
-import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -22,11 +21,10 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..services import split_spec_options
+from .credentials import secret_keys
 
 POLICIES = ("per-call", "pool")
 ORPHAN_ACTIONS = ("adopt", "terminate")
-# same rule as provider.make_provider: key_name is an SSH key pair's *name*, not a secret
-_SECRET_KEY = re.compile(r"(secret|password|passwd|token|access_key|key_id|api_key)", re.I)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +117,7 @@ def parse_cloud_config(data: Mapping[str, Any], *, what: str = "cloud SeD",
     ``parent``) are skipped; any other unknown key is an error."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{what}: the cloud configuration must be a mapping")
-    secrets = sorted(str(k) for k in data if _SECRET_KEY.search(str(k)) and k != "key_name")
+    secrets = secret_keys(data)
     if secrets:
         raise ConfigError(
             f"{what}: credentials do not belong in configuration files (found "

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .provider_api import CloudAuthError
 
-__all__ = ["Credentials", "resolve_aws_credentials"]
+__all__ = ["Credentials", "resolve_aws_credentials", "secret_keys"]
+
+# key_name is an SSH key pair's *name*, not a secret
+_SECRET_KEY = re.compile(r"(secret|password|passwd|token|access_key|key_id|api_key)", re.I)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,3 +61,11 @@ def resolve_aws_credentials(*, profile: str | None = None,
     raise CloudAuthError(
         f"no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
         f"or add a [{section}] profile to {path}")
+
+
+def secret_keys(settings: Mapping) -> list[str]:
+    """The keys of *settings* that name a credential (``secret_key``,
+    ``password``, ``token``...), sorted: refused in configuration and
+    deployment files, whose credentials come from the environment or
+    ``~/.aws/credentials``. ``key_name`` (an SSH key pair's name) is not one."""
+    return sorted(str(k) for k in settings if _SECRET_KEY.search(str(k)) and k != "key_name")

@@ -57,7 +57,7 @@ import collections
 
 from .placement import Placement
 from .pool_model import (CreateVM, DestroyVM, Dispatch, FailCall,  # noqa: F401 - re-exported
-                         PoolConfig, VMState, _Call)
+                         PoolCall, PoolConfig, VMState)
 from .provider_api import price_per_call
 
 __all__ = ["PoolConfig", "VMPool", "CreateVM", "DestroyVM", "Dispatch", "FailCall", "VMState"]
@@ -71,7 +71,7 @@ class VMPool(Placement):
         self.config = config
         self.name_prefix = name_prefix
         self.vms: dict[str, VMState] = {}
-        self.calls: dict[str, _Call] = {}
+        self.calls: dict[str, PoolCall] = {}
         self.pending: collections.deque[str] = collections.deque()   # call ids waiting for a VM
         self.boot_time = float(config.boot_time)
         self.boot_samples = 0
@@ -101,8 +101,8 @@ class VMPool(Placement):
         ``idempotent=False``: once sent to a VM, it is never run again."""
         if call_id in self.calls:
             return []
-        self.calls[call_id] = _Call(id=call_id, tcomp=max(0.0, tcomp), submitted=now,
-                                    idempotent=bool(idempotent))
+        self.calls[call_id] = PoolCall(id=call_id, tcomp=max(0.0, tcomp), submitted=now,
+                                       idempotent=bool(idempotent))
         self.pending.append(call_id)
         return self._fail_while_broken(now) + self._schedule(now)
 

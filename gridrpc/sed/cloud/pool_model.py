@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CreateVM", "DestroyVM", "Dispatch", "FailCall", "PoolConfig", "VMState"]
+__all__ = ["CreateVM", "DestroyVM", "Dispatch", "FailCall", "PoolCall", "PoolConfig", "VMState"]
 
 
 # --------------------------------------------------------------------------- actions
@@ -84,7 +84,8 @@ class VMState:
 
 
 @dataclass(slots=True)
-class _Call:
+class PoolCall:
+    """A call the pool holds: waiting for a VM, or sent to one."""
     id: str
     tcomp: float
     submitted: float

@@ -26,12 +26,8 @@ from collections.abc import Mapping
 
 from gridrpc.errors import GridRPCError  # noqa: F401 - re-exported
 
-# one rule for configuration files and provider settings: key_name is an SSH
-# key pair's *name*, not a secret
-from .config import _SECRET_KEY
-from .credentials import Credentials, resolve_aws_credentials
-from .libcloud_ec2 import (  # noqa: F401 - re-exported: their historical home
-    _AUTH_CODES, _NOT_FOUND_CODES, LibcloudProvider, _APIError, _ec2_classes, _first, _parse_endpoint)
+from .credentials import Credentials, resolve_aws_credentials, secret_keys
+from .libcloud_ec2 import LibcloudProvider
 from .provider_api import (  # noqa: F401 - re-exported
     TERMINAL_STATES, VM, CloudAuthError, CloudError, CloudProvider, CloudTimeout, CloudUnreachable,
     UnknownImage, VMSpec, price_per_call)
@@ -83,7 +79,7 @@ def make_provider(config: Mapping) -> CloudProvider:
     Secrets are refused: credentials come from the environment or
     ~/.aws/credentials, never from a deployment file.
     """
-    secrets = sorted(k for k in config if _SECRET_KEY.search(str(k)) and k != "key_name")
+    secrets = secret_keys(config)
     if secrets:
         raise CloudError(
             f"credentials do not belong in deployment files (found {', '.join(secrets)}); "

@@ -32,7 +32,7 @@ from ...core.events import EventKind, make_event
 from ...client.ids import new_id
 from ...runtime.agent import AgentRuntime
 from ...transport.channel import host_of
-from ..backends import BaseBackend, Outcome
+from ..backends import BaseBackend, Outcome, with_backend
 from .config import CloudConfig, render_user_data, vm_command
 from .policy import CreateVM, DestroyVM, Dispatch, FailCall, PoolConfig, VMPool
 from .provider import (TERMINAL_STATES, CloudAuthError, CloudError, CloudProvider, UnknownImage,
@@ -430,7 +430,7 @@ class CloudVMs(BaseBackend):
             if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
                 run_time = max(0.0, ended - started)
         self._apply_pool(self.policy.call_done(call.id, time.monotonic()))
-        return Outcome(ok=mt is MsgType.RESULT, header=dict(vh, vm=vm_name), buffers=frames,
+        return Outcome(ok=mt is MsgType.RESULT, header=with_backend(vh, self.name, {"vm": vm_name}), buffers=frames,
                        timing={"vm": vm_timing}, run_time=run_time)
 
     def finished(self, call, header, frames, delivered) -> None:

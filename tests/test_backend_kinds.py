@@ -246,9 +246,9 @@ def test_replies_say_what_each_backend_did_under_its_own_name(tmp_path):
     failed = jobs.execution._reply("c2", job, info, None, "last words")
     # the VM's and the pilot's SeDs answered a call; their relays add their own detail
     inner = m.make(MsgType.RESULT, "r1", value=3, server="vm-sed", backend={"batch": {"job_id": "9"}})
-    on_vm = cloud.execution._on_vm_answer(SimpleNamespace(id="c3"), "c1-vm-1", MsgType.RESULT, inner, [])
-    on_pilot = pilots.execution._answered(SimpleNamespace(id="c4"), "pilot-1", MsgType.ERROR,
-                                          m.error_header("r2", "remote", "boom", server="pilot-sed"), [])
+    on_vm = cloud.execution.relay_answered(SimpleNamespace(id="c3"), "c1-vm-1", MsgType.RESULT, inner, [])
+    on_pilot = pilots.execution.relay_answered(SimpleNamespace(id="c4"), "pilot-1", MsgType.ERROR,
+                                               m.error_header("r2", "remote", "boom", server="pilot-sed"), [])
     got = {}
     for backend, outcome in (("batch", ok), ("batch", failed), ("cloud", on_vm), ("pilot", on_pilot)):
         mt, h = m.parse_header(m.dumps(outcome.header))       # what the client checks

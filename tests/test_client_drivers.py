@@ -1,6 +1,6 @@
 """The three drivers of the call machine against a scripted fake SeD: the
 asyncio client (gridrpc.Client), the gevent client (GreenClient) and the
-cloud relay (VMLink). Misbehaving servers: garbage replies, silence, a
+relay to a remote SeD (SeDLink, as the cloud and pilot back-ends use). Misbehaving servers: garbage replies, silence, a
 batch SeD asking for patience; and every driver cancels what it gives up."""
 from __future__ import annotations
 
@@ -215,10 +215,10 @@ def test_green_client_killed_greenlet_cancels(fake):
 
 
 def _relay(sed, coro_fn):
-    from gridrpc.sed.cloud.relay import VMLink
+    from gridrpc.sed.backends.relay import SeDLink
 
     async def main():
-        link = VMLink("fake", sed.address, ack_timeout=0.3, ping_interval=0.1, ping_timeout=0.4)
+        link = SeDLink("fake", sed.address, ack_timeout=0.3, ping_interval=0.1, ping_timeout=0.4)
         try:
             return await coro_fn(link)
         finally:
@@ -228,12 +228,12 @@ def _relay(sed, coro_fn):
 
 @pytest.mark.parametrize("script", [never_answers, accept_then_silence], ids=["ack-timeout", "silent"])
 def test_relay_cancels_what_it_gives_up(fake, script):
-    from gridrpc.sed.cloud.relay import VMFailed
+    from gridrpc.sed.backends.relay import RelayFailed
     sed = fake(script, pong_state=None)
     header = m.make(MsgType.CALL, "client-1", service="add", args=[1, 2], kwargs={}, user="u")
 
     async def go(link):
-        with pytest.raises(VMFailed):
+        with pytest.raises(RelayFailed):
             await link.run("client-1.1", header, [])
     _relay(sed, go)
     sed.wait_for(lambda: [h["id"] for h in sed.of_type("cancel")] == ["client-1.1"])

@@ -703,8 +703,15 @@ def test_cancel_completed_session_keeps_its_result(init):
 def test_cancel_all(init, tree):
     slow = [async_call(handle("sleep", s), LONG) for s in ("solo", "solo", "sed-1-1", "sed-1-2")]
     done = async_call(handle("add"), 1, 1)
+    t0 = time.monotonic()
     assert g.grpc_wait(done) == GRPC_NO_ERROR
-    wait_load(tree, "solo", 1, 1)
+    took = time.monotonic() - t0
+    try:
+        wait_load(tree, "solo", 1, 1)
+    except Timeout as e:    # say where each call is: the sessions' states and errors, where add ran
+        states = [(g.grpc_probe(s), g.grpc_get_exception(s)) for s in slow]
+        ran = g.grpc_get_exception(done)
+        raise Timeout(f"{e}; add(1, 1) took {took:.2f}s ({ran}); sessions {states}") from None
     t0 = time.monotonic()
     assert g.grpc_cancel_all() == GRPC_NO_ERROR
     assert time.monotonic() - t0 < 2 * FAST

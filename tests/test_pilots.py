@@ -15,7 +15,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import re
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,12 +27,14 @@ from gridrpc.sed.batch.config import parse_batch_config
 from gridrpc.sed.batch.sed import BatchSeD
 from gridrpc.testing import LoopThread
 from tests.batch_clusters import start_cluster, wait_until
-from tests.daemon_procs import processes_under
+from tests.daemon_procs import kill_all, processes_under
 
 pytestmark = [pytest.mark.real, pytest.mark.slurm]
 
 SLEEP = "gridrpc.examples.services:sleep"
 ADD = "gridrpc.examples.services:add"
+COUNT = "tests.reliability_services:count"       # each run appends its token to a file
+REPO = str(Path(__file__).resolve().parents[1])  # where the pilots import tests.* from
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,9 @@ def _pilot_processes(under: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def pilot_sed(cluster, shared, name="psed", batch=None, parent=None, lt=None, **pilot):
+def pilot_sed(cluster, shared, name="psed", batch=None, parent=None, lt=None, services=None, **pilot):
+    """A started pilot SeD offering ``sleep``, ``add`` and *services*
+    (name -> ``(target, add_service options)``)."""
     pilot.setdefault("host", "127.0.0.1")        # the pilots run on this machine
     own = lt is None
     lt = lt or LoopThread()
@@ -62,6 +68,8 @@ def pilot_sed(cluster, shared, name="psed", batch=None, parent=None, lt=None, **
     sed = BatchSeD(name, parent, config=config, hb_interval=0.5, hb_timeout=1.5)
     sed.add_service("sleep", SLEEP)
     sed.add_service("add", ADD)
+    for svc, (target, options) in (services or {}).items():
+        sed.add_service(svc, target, **options)
     lt.run(sed.start())
     try:
         yield sed, lt
@@ -234,6 +242,45 @@ def test_rejected_submissions_pause_the_manager(cluster, tmp_path):
         with client() as c, pytest.raises(gridrpc.GridRPCError):
             c.call("add", 1, 2, server=addr(sed), timeout=30)
         assert stats(sed, lt)["pilots"]["submit_failures"] == 2
+
+
+def test_a_non_idempotent_call_whose_pilot_is_lost_ends_in_server_lost_and_never_runs_twice(cluster, tmp_path):
+    """The pilot running a non-idempotent call is lost (its SeD and worker
+    killed with SIGKILL: heartbeats and pings stop) after the call started:
+    the call ends in ServerLost naming the pilot SeD and the call, neither
+    the pilot SeD nor the client (through an MA, so it could discover again)
+    runs it anywhere else, and the lost pilot's job is cancelled."""
+    runs = tmp_path / "runs.txt"
+    runs.touch()
+    with master_agent() as (ma, malt), \
+            pilot_sed(cluster, tmp_path / "shared", parent=ma.address, batch={"job_env": {"PYTHONPATH": REPO}},
+                      services={"count": (COUNT, {"idempotent": False})},
+                      max=2, cores=1, idle_timeout=60, walltime=600) as (sed, lt):
+        wait_until(lambda: malt.call(lambda: "psed" in ma.registry.children), 10, "the SeD registered")
+        with client(ma=ma.address) as c:
+            [s] = c.discover("count")
+            assert s.name == "psed" and s.idempotent is False           # the pilot SeD says so
+            call = c.submit("count", str(runs), "once", 60.0)
+            wait_until(lambda: runs.read_text().split() == ["once"], 120, "the call running on a pilot")
+            [pilot] = [e[2] for e in events(sed, "pilot_started")]
+            pids = processes_under(b"gridrpc\x00sed\x00", str(tmp_path), by_cwd=True)
+            assert pids, "no pilot SeD process found"
+            kill_all(pids, signal.SIGKILL)                               # the pilot dies mid-call
+            t0 = time.monotonic()
+            with pytest.raises(gridrpc.ServerLost) as info:
+                call.result(timeout=60)
+            assert time.monotonic() - t0 < 15, "the loss took the pilot SeD too long to see"
+        assert info.value.server == "psed" and info.value.call_id == call.id
+        assert "not idempotent" in str(info.value) and pilot in str(info.value), info.value
+        st = stats(sed, lt)["pilots"]
+        assert st["dispatched"] == 1 and st["calls_failed"] == 1, st
+        assert [e for e in events(sed, "pilot_stopped") if e[2] == pilot], sed.execution.events
+        job = job_of_pilot(sed, pilot)                   # ended: its SeD's exit or the manager's cancel
+        wait_until(lambda: job_states(cluster, [job])[job] not in ("PENDING", "CONFIGURING", "RUNNING",
+                                                                   "COMPLETING"), 30, "the lost pilot's job to end")
+        time.sleep(2)                            # long enough for a re-run to have started somewhere
+        assert runs.read_text().split() == ["once"]                       # it ran once, never again
+        assert stats(sed, lt)["pilots"]["dispatched"] == 1
 
 
 @pytest.fixture(scope="module", params=[pytest.param("sge", marks=pytest.mark.sge),

@@ -6,8 +6,8 @@ drivers — request ids to calls, replies turned into events, actions carried
 out — and :class:`AsyncCallDriver` adds asyncio: one timer per call at its
 ``next_wakeup()``, pings batched per address, a future per call resolved with
 the machine's :class:`~gridrpc.core.call.Done` or
-:class:`~gridrpc.core.call.Fail`. The asyncio client and the cloud relay use
-it; the gevent load-test client subclasses :class:`CallDriver` with
+:class:`~gridrpc.core.call.Fail`. The asyncio client and the relay to remote
+SeDs (cloud VMs, pilots) use it; the gevent load-test client subclasses :class:`CallDriver` with
 greenlet waits (:mod:`gridrpc.loadtest.green`).
 
 The transport is a function ``send(address, frames)`` raising a

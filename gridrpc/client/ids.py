@@ -2,7 +2,7 @@
 random prefix and 64 random bits per id from ``os.urandom`` (read 4 KiB at
 a time: one system call per 512 ids), drawn again in a forked child (it must
 not reuse its parent's ids or random bytes). Used by every client and by the
-cloud relay."""
+relay to remote SeDs (cloud VMs, pilots)."""
 from __future__ import annotations
 
 import os

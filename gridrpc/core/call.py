@@ -1,8 +1,8 @@
 """The client side of one call to a SeD, as a sans-IO state machine.
 
 Three drivers run it: the asyncio client (:mod:`gridrpc.client.aio`), the
-gevent load-test client (:mod:`gridrpc.loadtest.green`) and the cloud SeD
-relaying a call to the SeD on a VM (:mod:`gridrpc.sed.cloud.relay`). They own
+gevent load-test client (:mod:`gridrpc.loadtest.green`) and a SeD relaying
+a call to a SeD on a VM or a pilot (:mod:`gridrpc.sed.backends.relay`). They own
 sockets, timers and futures; every protocol rule is here, in the style of
 h11: ``machine.handle(event, now) -> list[action]`` and
 ``machine.next_wakeup()``. No asyncio, no zmq, no clock: ``now`` is an

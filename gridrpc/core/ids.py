@@ -1,4 +1,4 @@
-"""Request ids: one scheme for every client (asyncio, gevent, the cloud relay).
+"""Request ids: one scheme for every client (asyncio, gevent, the relay to remote SeDs).
 
 An id is a prefix, a hexadecimal counter and a random part:
 ``"3f9c0a1b2c3d4e5f1a.9c04e1d27be3a510"``. The runtime picks a random prefix

@@ -10,8 +10,9 @@ not per call. See ``docs/batch.md`` ("Pilots").
    pilots; the pilot is ready when that SeD registers, and gone when its
    job ends or its SeD misses its heartbeats;
 3. each call is relayed to a pilot's SeD unchanged
-   (:class:`~gridrpc.sed.cloud.relay.VMLink`) and the answer relayed back;
-   calls wait here, never on a pilot, so a draining pilot hands nothing back.
+   (:class:`~gridrpc.sed.backends.relay.RelayBackend`, as the cloud back-end
+   relays to its VMs) and the answer relayed back; calls wait here, never on
+   a pilot, so a draining pilot hands nothing back.
 
 Scheduler commands run in a thread pool; one ``states()`` query per
 ``poll_interval`` follows every pilot job, one ``estimate_start()`` per
@@ -29,16 +30,11 @@ import os
 import time
 from typing import Any, ClassVar
 
-from ...client.ids import new_id
-from ...core import messages as m
 from ...core.events import EventKind, make_event
-from ...core.messages import MsgType
-from ...core.sed_calls import CallState
 from ...errors import InvalidArgument
 from ...runtime.worker_agent import WorkerAgent
 from ...transport.channel import host_of
-from ..backends import BaseBackend, Outcome, with_backend
-from ..cloud.relay import VMFailed, VMLink, wake
+from ..backends.relay import CallGivenUp, RelayBackend, RelayFailed, wake
 from . import jobfiles
 from .base import BatchBackend, BatchError, JobSpec, JobState
 from .config import CALL_OPTION, BatchConfig
@@ -52,10 +48,6 @@ __all__ = ["PilotJobs", "pilot_job_spec"]
 _NOTE_KINDS = {"pilot_started": EventKind.PILOT_STARTED, "draining": EventKind.PILOT_DRAINING,
                "pilot_stopped": EventKind.PILOT_STOPPED, "paused": EventKind.PILOTS_PAUSED,
                "resumed": EventKind.PILOTS_RESUMED}
-
-
-class _Failed(Exception):
-    """The pool gave up on a call (FailCall)."""
 
 
 def pilot_job_spec(config: BatchConfig, scheduler: BatchBackend, *, pilot: str, manager: str, parent: str,
@@ -78,7 +70,7 @@ def pilot_job_spec(config: BatchConfig, scheduler: BatchBackend, *, pilot: str, 
     return dataclasses.replace(spec, script=scheduler.render_script(spec, command))
 
 
-class PilotJobs(ImportableServices, BaseBackend):
+class PilotJobs(ImportableServices, RelayBackend):
     """Calls on pilot SeDs inside batch allocations (see the module doc).
     Trade-offs: one scheduler start per pilot, then calls at SeD speed (one
     relay hop); idle pilots hold allocations for ``idle_timeout``; the pilots
@@ -88,10 +80,15 @@ class PilotJobs(ImportableServices, BaseBackend):
     remote = True
     push_estimation = False     # the wait changes with every pilot and call: fan-out, not a pushed snapshot
     where = "on pilot SeDs in batch allocations"
+    relay_noun = "pilot"
+    detail_key = "pilot"
+    sed_what = "pilot SeD"
+    failure_type = unavailable_type = "PilotFailure"
 
     def __init__(self, sed_name: str, config: BatchConfig, scheduler: BatchBackend) -> None:
         if config.pilot is None:
             raise ValueError("PilotJobs needs config.pilot")
+        super().__init__()
         self.sed_name = sed_name
         self.config = config
         self.settings = config.pilot
@@ -105,13 +102,10 @@ class PilotJobs(ImportableServices, BaseBackend):
         self.agent_address: str | None = None
         self.events: list[tuple[float, str, str | None, str]] = []   # (time, what, pilot, detail)
         self.jobs_submitted = 0
-        self._links: dict[str, VMLink] = {}
-        self._waiters: dict[str, asyncio.Future] = {}
         self._bg: set[asyncio.Task] = set()
         self._tasks: list[asyncio.Task] = []
         self._timer: asyncio.TimerHandle | None = None
         self._unknown_since: dict[str, float] = {}
-        self._closing = False
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"{sed_name}-pilot-cmd")
 
     # ------------------------------------------------------------------ lifecycle
@@ -133,22 +127,12 @@ class PilotJobs(ImportableServices, BaseBackend):
                  self.config.scheduler, self.settings.walltime, self.agent_address)
 
     async def close(self) -> None:
-        self._closing = True
+        self.closing = True
         if self._timer is not None:
             self._timer.cancel()
         for t in self._tasks:
             t.cancel()
-        for fut in list(self._waiters.values()):
-            if not fut.done():
-                fut.set_exception(_Failed(f"pilot SeD {self.sed_name} is shutting down"))
-        for call in [c for c in self.sed.calls.values() if c.state is CallState.QUEUED]:
-            self.sed.answer(call, m.error_header(call.id, "communication", f"pilot SeD {self.sed_name} is "
-                                                 "shutting down", type_="PilotFailure", **self.sed.timing(call)),
-                            ok=False)
-        for link in list(self._links.values()):
-            link.close("shut down with the pilot SeD")
-        self._links.clear()
-        await asyncio.sleep(0)
+        await self.stop_relays()
         for a in self.policy.shutdown():          # pilots are this SeD's: none outlives it
             self._spawn(self._cancel(a))
         waiting = [t for t in self._bg if not t.done()]
@@ -171,16 +155,14 @@ class PilotJobs(ImportableServices, BaseBackend):
     def _apply(self, actions: list) -> None:
         for a in actions:
             if isinstance(a, Dispatch):
-                wake(self._waiters, a.call_id, a.pilot)
+                wake(self.waiters, a.call_id, a.pilot)
             elif isinstance(a, FailCall):
-                wake(self._waiters, a.call_id, error=_Failed(a.message))
+                wake(self.waiters, a.call_id, error=CallGivenUp(a.message))
             elif isinstance(a, SubmitPilot):
-                if not self._closing:
+                if not self.closing:
                     self._spawn(self._submit(a.name))
             elif isinstance(a, CancelPilot):
-                link = self._links.pop(a.name, None)
-                if link is not None:
-                    link.close(f"left ({a.reason})")
+                self.drop_link(a.name, f"left ({a.reason})")
                 if self.agent is not None:
                     self.agent.registry.remove(a.name)
                 self._spawn(self._cancel(a))
@@ -200,7 +182,7 @@ class PilotJobs(ImportableServices, BaseBackend):
                                        detail=detail))
 
     def _arm_timer(self) -> None:
-        if self._closing:
+        if self.closing:
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -212,7 +194,7 @@ class PilotJobs(ImportableServices, BaseBackend):
 
     def _tick(self) -> None:
         self._timer = None
-        if not self._closing:
+        if not self.closing:
             self._apply(self.policy.tick(time.time()))
 
     async def _submit(self, name: str) -> None:
@@ -228,12 +210,12 @@ class PilotJobs(ImportableServices, BaseBackend):
             # the scheduler's own words first: events and errors keep a few hundred characters
             stderr = getattr(exc, "stderr", "") or ""
             reason = " | ".join(line.strip() for line in stderr.strip().splitlines()) or str(exc)
-            if not self._closing:
+            if not self.closing:
                 self._apply(self.policy.submit_failed(name, reason, time.time()))
             return
         self.jobs_submitted += 1
         log.info("pilot SeD %s: pilot %s is job %s", self.sed_name, name, job_id)
-        if self._closing:
+        if self.closing:
             await self._cancel(CancelPilot(name, job_id, "shutdown"))
             return
         self._apply(self.policy.submitted(name, job_id, time.time()))
@@ -247,7 +229,7 @@ class PilotJobs(ImportableServices, BaseBackend):
                                                     timeout=self.config.cancel_timeout))
         except BatchError as exc:
             log.error("pilot SeD %s: cannot cancel pilot %s (job %s): %s", self.sed_name, a.name, a.job_id, exc)
-        if not self._closing:
+        if not self.closing:
             self._apply(self.policy.job_ended(a.name, f"cancelled: {a.reason}", time.time()))
 
     async def _poll_loop(self) -> None:
@@ -311,28 +293,22 @@ class PilotJobs(ImportableServices, BaseBackend):
 
     # ------------------------------------------------------------------ pilots' SeDs
     def _pilots_changed(self) -> None:
-        if self._closing or self.agent is None:
+        if self.closing or self.agent is None:
             return
         now = time.time()
-        for name, child in list(self.agent.registry.children.items()):
-            address = child.info.get("address")
+
+        def starting(name: str) -> bool:        # one of our pilots, on its way (not a stranger)
             p = self.policy.pilots.get(name)
-            if name in self._links or p is None or not isinstance(address, str) \
-                    or not address.startswith(("tcp://", "ipc://")):
-                continue        # known already, or a stranger (not one of our pilot names)
-            if p.state not in ("submitting", "pending", "starting"):
-                continue
-            self._links[name] = VMLink(name, address, ack_timeout=10.0, ping_interval=self.sed.hb_interval,
-                                       ping_timeout=self.sed.hb_timeout + 1.0)
+            return p is not None and p.state in ("submitting", "pending", "starting")
+
+        for name, address in self.link_registered(self.agent.registry.children, starting):
             self._apply(self.policy.registered(name, address, now))
 
     def _pilot_gone(self, name: str, why: str) -> None:
-        if self._closing:
+        if self.closing:
             return
         self._unknown_since.pop(name, None)
-        link = self._links.pop(name, None)
-        if link is not None:
-            link.close(why)             # its relays raise VMFailed -> call_failed
+        self.drop_link(name, why)       # its relays raise RelayFailed -> relay_failed
         p = self.policy.pilots.get(name)
         if p is None:
             return
@@ -346,68 +322,25 @@ class PilotJobs(ImportableServices, BaseBackend):
         if CALL_OPTION in kwargs:
             raise InvalidArgument(f"a pilot SeD takes no per-call {CALL_OPTION} request: the pilots' shape is "
                                   "the SeD's (pilot cores, walltime, max_call_time)")
-        # the call goes to the pilot as the client sent it (arrays zero-copy, files as contents)
-        return kwargs, {"forward": {k: v for k, v in header.items() if k not in ("id", "sed")},
-                        "buffers": list(buffers)}
+        return super().prepare(service, kwargs, header, buffers)
 
     def _need(self, replica, service: str) -> float:
         return self.settings.need(replica.predictor.predict(service))
 
-    async def run(self, call) -> Outcome | None:
-        cid = call.id
-        forward, buffers = call.options.get("forward", {}), call.options.get("buffers", [])
-        loop = asyncio.get_running_loop()
-        self._waiters[cid] = loop.create_future()
-        current: tuple[VMLink, str] | None = None
-        try:
-            if self._closing:
-                raise _Failed(f"pilot SeD {self.sed_name} is shutting down")
-            self._apply(self.policy.call_arrived(cid, time.time(), need=self._need(call.replica, call.service)))
-            while True:
-                pilot = await self._waiters[cid]
-                self._waiters[cid] = loop.create_future()
-                link = self._links.get(pilot)
-                rid = new_id()
-                try:
-                    if link is None:
-                        raise VMFailed(f"pilot {pilot} is gone")
-                    current = (link, rid)
-                    mt, vh, frames = await link.run(rid, forward, buffers)
-                    current = None
-                except VMFailed as exc:
-                    current = None
-                    log.warning("pilot SeD %s: call %s: %s", self.sed_name, cid, exc)
-                    self._apply(self.policy.call_failed(cid, f"pilot {pilot} failed while running the call: "
-                                                             f"{exc}", time.time()))
-                    continue            # the FailCall raises from the waiter
-                return self._answered(call, pilot, mt, vh, frames)
-        except _Failed as exc:
-            return Outcome(ok=False, kind="communication", error=(
-                "PilotFailure", f"pilot SeD {self.sed_name} could not run the call: {exc}", ""))
-        except asyncio.CancelledError:
-            if current is not None:
-                current[0].cancel(current[1])
-            if not self._closing:
-                self._apply(self.policy.cancel(cid, time.time()))
-            raise
-        finally:
-            self._waiters.pop(cid, None)
-            call.options = {}
+    def relay_admit(self, call) -> None:
+        self._apply(self.policy.call_arrived(call.id, time.time(), need=self._need(call.replica, call.service)))
 
-    def _answered(self, call, pilot: str, mt: MsgType, vh: dict, frames: list) -> Outcome:
-        timing = vh.get("timing") if isinstance(vh.get("timing"), dict) else {}
-        run_time = None
-        if mt is MsgType.RESULT:
-            started, ended = timing.get("started"), timing.get("ended")
-            if isinstance(started, (int, float)) and isinstance(ended, (int, float)) and ended >= started:
-                run_time = min(ended - started, 1e7)
-        self._apply(self.policy.call_done(call.id, time.time()))
-        return Outcome(ok=mt is MsgType.RESULT, header=with_backend(vh, self.name, {"pilot": pilot}), buffers=frames,
-                       timing={"pilot": timing}, run_time=run_time)
+    def relay_failed(self, call_id: str, place: str, exc: RelayFailed) -> None:
+        # the pool fails the call (never runs it elsewhere): a client with other candidates fails over,
+        # a non-idempotent call that had started ends in ServerLost there
+        self._apply(self.policy.call_failed(call_id, f"pilot {place} failed while running the call: {exc}",
+                                            time.time()))
 
-    def finished(self, call, header, frames, delivered) -> None:
-        call.options = {}
-        super().finished(call, header, frames, delivered)
+    def relay_done(self, call_id: str) -> None:
+        self._apply(self.policy.call_done(call_id, time.time()))
+
+    def relay_cancelled(self, call_id: str) -> None:
+        self._apply(self.policy.cancel(call_id, time.time()))
 
     # ------------------------------------------------------------------ estimation
     def estimate(self, replica, service, user, now: float) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The cloud SeD (``sed.py``: :class:`CloudSeD`), its pure VM policy
-(``policy.py``), its configuration and VM user data (``config.py``), the call
-relay to VMs (``relay.py``) and the provider layer beneath (``provider.py``:
+(``policy.py``), its configuration and VM user data (``config.py``), its
+back-end (``vms.py``, relaying calls to the VMs' SeDs with
+:mod:`gridrpc.sed.backends.relay`) and the provider layer beneath (``provider.py``:
 a small interface and its libcloud implementation, EC2 API on AWS or moto).
 See ``docs/cloud.md``."""
 from gridrpc.sed.cloud.config import CloudConfig, parse_cloud_config, render_user_data

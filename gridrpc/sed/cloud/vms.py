@@ -7,8 +7,9 @@
    parent is an agent ROUTER this back-end binds for its VMs (a
    :class:`~gridrpc.runtime.agent.AgentRuntime`); the VM is ready when that SeD
    registers, and lost when it misses its heartbeats;
-3. the call is relayed to the VM's SeD unchanged (:mod:`.relay`) and the
-   answer relayed back.
+3. the call is relayed to the VM's SeD unchanged
+   (:class:`~gridrpc.sed.backends.relay.RelayBackend`, as the pilot back-end
+   relays to its pilots) and the answer relayed back.
 
 Provider calls block, so they run in threads (``asyncio.to_thread``); the
 loop never waits on the cloud API. Every VM is tagged
@@ -24,34 +25,21 @@ import os
 import time
 from typing import Any, ClassVar
 
-from ...core import messages as m
-from ...core.messages import MsgType
-from ...core.sed_calls import CallState
 from ...core.agent import LocalRole
 from ...core.events import EventKind, make_event
-from ...client.ids import new_id
 from ...runtime.agent import AgentRuntime
 from ...transport.channel import host_of
-from ..backends import BaseBackend, Outcome, with_backend
+from ..backends.relay import CallGivenUp, RelayBackend, RelayFailed, wake
 from .config import CloudConfig, render_user_data, vm_command
 from .policy import CreateVM, DestroyVM, Dispatch, FailCall, PoolConfig, VMPool
 from .provider import (TERMINAL_STATES, CloudAuthError, CloudError, CloudProvider, UnknownImage,
                        VMSpec, make_provider)
-from .relay import VMFailed, VMLink, wake
 
 log = logging.getLogger("gridrpc.sed.cloud.sed")
 
 OWNER_TAG = "gridrpc:owner"
 VM_TAG = "gridrpc:vm"
 RUN_TAG = "gridrpc:run"
-
-
-class _CallFailed(Exception):
-    """The pool gave up on a call (FailCall); ``kind`` is the wire error kind."""
-
-    def __init__(self, message: str, kind: str = "communication") -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class _VMAgent(AgentRuntime):
@@ -70,7 +58,7 @@ class _VMAgent(AgentRuntime):
         self.owner._vm_gone(name, "missed its heartbeats or left")
 
 
-class CloudVMs(BaseBackend):
+class CloudVMs(RelayBackend):
     """Calls on cloud VMs (see the module doc). Trade-offs: capacity on
     demand, priced per call (``price`` tag); a VM's boot time (``per-call``:
     every call) or idle VMs kept (``pool``); the VMs must reach the SeD."""
@@ -81,9 +69,15 @@ class CloudVMs(BaseBackend):
     push_estimation = False
     remote = True
     where = "on cloud VMs"
+    relay_noun = "VM"
+    detail_key = "vm"
+    sed_what = "cloud SeD"
+    failure_type = "CloudVMFailure"
+    unavailable_type = "CloudUnavailable"
 
     def __init__(self, sed_name: str, config: CloudConfig, provider: CloudProvider | None = None, *,
                  ack_timeout: float = 10.0) -> None:
+        super().__init__()
         self.sed_name = sed_name
         self.config = config
         self.provider = provider
@@ -98,16 +92,13 @@ class CloudVMs(BaseBackend):
             billing_minimum=config.billing_minimum), name_prefix=f"{sed_name}-{self.run_token}-")
         self.vm_agent: _VMAgent | None = None
         self.vm_parent: str | None = None        # the address written into the user data
-        self._links: dict[str, VMLink] = {}       # ready VMs' SeDs
         self._dead: set[str] = set()              # VM names destroyed (ignore their SeDs)
-        self._waiters: dict[str, asyncio.Future] = {}
         self._creating: set[asyncio.Task] = set()
         self._bg: set[asyncio.Task] = set()
         self._tasks: list[asyncio.Task] = []
         self._destroyed_ids: set[str] = set()
         self._destroy_retry: dict[str, str] = {}  # vm id -> name, for failed terminations
         self._pool_timer: asyncio.TimerHandle | None = None
-        self._closing = False
         self.events: list[tuple[float, str, str]] = []   # (time, what, vm name): for tests/dashboard
 
     def bind(self, sed) -> None:
@@ -136,23 +127,12 @@ class CloudVMs(BaseBackend):
                  self.sed_name, c.policy, c.min_vms, c.max_vms, c.image, c.instance_type, self.vm_parent)
 
     async def close(self) -> None:
-        self._closing = True
+        self.closing = True
         if self._pool_timer:
             self._pool_timer.cancel()
         for t in self._tasks:
             t.cancel()
-        # calls waiting for (or running on) a VM fail over now, not after the clients' ping timeout
-        for fut in list(self._waiters.values()):
-            if not fut.done():
-                fut.set_exception(_CallFailed("the cloud SeD is shutting down"))
-        queued = [c for c in self.sed.calls.values() if c.state is CallState.QUEUED]
-        for call in queued:                          # queued here, never started
-            self.sed.answer(call, m.error_header(
-                call.id, "communication", f"cloud SeD {self.sed_name} is shutting down",
-                type_="CloudVMFailure", **self.sed.timing(call)), ok=False)
-        for link in list(self._links.values()):
-            link.close("shut down with the cloud SeD")
-        await asyncio.sleep(0)                  # let the calls answer their clients
+        await self.stop_relays()
         self._apply_pool(self.policy.shutdown())
         await self._drain_background()
         await self._sweep("shutdown")
@@ -210,9 +190,9 @@ class CloudVMs(BaseBackend):
     def _apply_pool(self, actions: list) -> None:
         for a in actions:
             if isinstance(a, Dispatch):
-                wake(self._waiters, a.call_id, a.vm)
+                wake(self.waiters, a.call_id, a.vm)
             elif isinstance(a, FailCall):
-                wake(self._waiters, a.call_id, error=_CallFailed(a.message, a.kind))
+                wake(self.waiters, a.call_id, error=CallGivenUp(a.message, a.kind))
             elif isinstance(a, CreateVM):
                 self._record("create", a.name)
                 t = asyncio.get_running_loop().create_task(self._create_vm(a.name))
@@ -220,9 +200,7 @@ class CloudVMs(BaseBackend):
                 t.add_done_callback(self._creating.discard)
             elif isinstance(a, DestroyVM):
                 self._dead.add(a.name)
-                link = self._links.pop(a.name, None)
-                if link is not None:
-                    link.close(f"destroyed ({a.reason})")
+                self.drop_link(a.name, f"destroyed ({a.reason})")
                 if self.vm_agent is not None:
                     self.vm_agent.registry.remove(a.name)
                 if a.vm_id is not None:
@@ -236,7 +214,7 @@ class CloudVMs(BaseBackend):
         t.add_done_callback(self._bg.discard)
 
     def _arm_pool_timer(self) -> None:
-        if self._closing:
+        if self.closing:
             return
         wake = self.policy.next_wakeup(time.monotonic())
         if self._pool_timer is not None:
@@ -248,7 +226,7 @@ class CloudVMs(BaseBackend):
 
     def _pool_tick(self) -> None:
         self._pool_timer = None
-        if not self._closing:
+        if not self.closing:
             self._apply_pool(self.policy.tick(time.monotonic()))
 
     def _record(self, what: str, vm: str) -> None:
@@ -279,7 +257,7 @@ class CloudVMs(BaseBackend):
             permanent = isinstance(exc, (UnknownImage, CloudAuthError))
             log.warning("cloud SeD %s: cannot create VM %s: %s", self.sed_name, name, exc)
             self._record("create_failed", name)
-            if not self._closing:
+            if not self.closing:
                 self._apply_pool(self.policy.vm_create_failed(name, str(exc), time.monotonic(),
                                                               permanent=permanent))
             return
@@ -301,30 +279,22 @@ class CloudVMs(BaseBackend):
 
     # ------------------------------------------------------------------ VMs' SeDs
     def _vms_changed(self) -> None:
-        if self._closing or self.vm_agent is None:
+        if self.closing or self.vm_agent is None:
             return
         now = time.monotonic()
-        for name, child in list(self.vm_agent.registry.children.items()):
-            address = child.info.get("address")
-            link = self._links.get(name)
-            if link is not None and link.address == address:
-                continue
-            if name in self._dead or name not in self.policy.vms or not address:
-                continue        # a destroyed VM's SeD still talking, or a stranger
-            if link is not None:                # same VM, new address: its SeD restarted
-                self._links.pop(name).close("re-registered at a new address")
-            self._links[name] = VMLink(name, address, ack_timeout=self.ack_timeout,
-                                       ping_interval=self.sed.hb_interval, ping_timeout=self.sed.hb_timeout + 1.0)
+
+        def ours(name: str) -> bool:            # not a destroyed VM's SeD still talking, nor a stranger
+            return name not in self._dead and name in self.policy.vms
+
+        for name, address in self.link_registered(self.vm_agent.registry.children, ours):
             log.info("cloud SeD %s: VM %s ready (SeD at %s)", self.sed_name, name, address)
             self._record("ready", name)
             self._apply_pool(self.policy.vm_registered(name, address, now))
 
     def _vm_gone(self, name: str, why: str) -> None:
-        if self._closing:
+        if self.closing:
             return
-        link = self._links.pop(name, None)
-        if link is not None:
-            link.close(why)             # its relays raise VMFailed -> call_failed
+        self.drop_link(name, why)       # its relays raise RelayFailed -> relay_failed
         if name in self.policy.vms:
             log.warning("cloud SeD %s: VM %s %s", self.sed_name, name, why)
             self._record("lost", name)
@@ -365,77 +335,21 @@ class CloudVMs(BaseBackend):
                 await self._destroy_quietly(vm_id, name, "retry / unknown VM")
 
     # ------------------------------------------------------------------ calls
-    def prepare(self, service, kwargs, header, buffers) -> tuple[dict, dict]:
-        # the call goes to the VM as the client sent it (arrays zero-copy, files as contents)
-        return kwargs, {"forward": {k: v for k, v in header.items() if k not in ("id", "sed")},
-                        "buffers": list(buffers)}
+    def relay_admit(self, call) -> None:
+        self._apply_pool(self.policy.submit(call.id, time.monotonic(),
+                                            tcomp=call.replica.predictor.predict(call.service),
+                                            idempotent=call.svc.idempotent))
 
-    async def run(self, call) -> Outcome | None:
-        cid = call.id
-        forward, buffers = call.options.get("forward", {}), call.options.get("buffers", [])
-        loop = asyncio.get_running_loop()
-        self._waiters[cid] = loop.create_future()
-        attempt = 0
-        current: tuple[VMLink, str] | None = None      # the relay in progress, to cancel it
-        try:
-            if self._closing:
-                raise _CallFailed("the cloud SeD is shutting down")
-            self._apply_pool(self.policy.submit(cid, time.monotonic(),
-                                                tcomp=call.replica.predictor.predict(call.service),
-                                                idempotent=call.svc.idempotent))
-            while True:
-                vm_name = await self._waiters[cid]
-                self._waiters[cid] = loop.create_future()
-                link = self._links.get(vm_name)
-                attempt += 1
-                rid = new_id()            # the client's id may be long: ids stay within the wire limit
-                try:
-                    if link is None:
-                        raise VMFailed(f"VM {vm_name} is gone", sent=False)
-                    current = (link, rid)
-                    log.debug("cloud SeD %s: call %s -> VM %s as %s", self.sed_name, cid, vm_name, rid)
-                    mt, vh, frames = await link.run(rid, forward, buffers)
-                    current = None
-                except VMFailed as exc:
-                    current = None
-                    log.warning("cloud SeD %s: call %s: %s", self.sed_name, cid, exc)
-                    if self._closing:
-                        raise _CallFailed(str(exc)) from None
-                    self._apply_pool(self.policy.call_failed(cid, time.monotonic(), str(exc), sent=exc.sent))
-                    continue
-                return self._on_vm_answer(call, vm_name, mt, vh, frames)
-        except _CallFailed as exc:
-            message = f"cloud SeD {call.replica.name} could not run the call: {exc}"
-            if exc.kind == "server_lost":       # the client's ServerLost names the call
-                return Outcome(ok=False, header=m.make(MsgType.ERROR, cid, error={
-                    "kind": "server_lost", "type": "ServerLost", "message": message, "traceback": "",
-                    "call_id": cid}))
-            return Outcome(ok=False, kind=exc.kind, error=(
-                "CloudUnavailable" if exc.kind == "unavailable" else "CloudVMFailure", message, ""))
-        except asyncio.CancelledError:
-            if current is not None:
-                current[0].cancel(current[1])
-            if not self._closing:
-                self._apply_pool(self.policy.cancel(cid, time.monotonic()))
-            raise
-        finally:
-            self._waiters.pop(cid, None)
-            call.options = {}           # the frames to relay: no longer needed
+    def relay_failed(self, call_id: str, place: str, exc: RelayFailed) -> None:
+        # the pool re-runs the call on a new VM within `retries`, unless it may have run (sent) and
+        # is not idempotent: then FailCall of kind server_lost
+        self._apply_pool(self.policy.call_failed(call_id, time.monotonic(), str(exc), sent=exc.sent))
 
-    def _on_vm_answer(self, call, vm_name: str, mt: MsgType, vh: dict, frames: list) -> Outcome:
-        vm_timing = vh.get("timing") if isinstance(vh.get("timing"), dict) else {}
-        run_time = None
-        if mt is MsgType.RESULT:
-            started, ended = vm_timing.get("started"), vm_timing.get("ended")
-            if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
-                run_time = max(0.0, ended - started)
-        self._apply_pool(self.policy.call_done(call.id, time.monotonic()))
-        return Outcome(ok=mt is MsgType.RESULT, header=with_backend(vh, self.name, {"vm": vm_name}), buffers=frames,
-                       timing={"vm": vm_timing}, run_time=run_time)
+    def relay_done(self, call_id: str) -> None:
+        self._apply_pool(self.policy.call_done(call_id, time.monotonic()))
 
-    def finished(self, call, header, frames, delivered) -> None:
-        call.options = {}               # calls answered before they ran (cancel, shutdown)
-        super().finished(call, header, frames, delivered)
+    def relay_cancelled(self, call_id: str) -> None:
+        self._apply_pool(self.policy.cancel(call_id, time.monotonic()))
 
     # ------------------------------------------------------------------ estimation
     def estimate(self, replica, service, user, now: float) -> dict:

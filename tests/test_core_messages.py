@@ -402,3 +402,21 @@ def test_valid_names_and_ids():
     assert not any(m.valid_name(x) for x in ("", "-a", ".a", "a b", "a/b", "x" * 65, 5, None))
     assert m.valid_id("") and m.valid_id("MA:17") and m.valid_id("x" * 128)
     assert not any(m.valid_id(x) for x in (".", "..", "a/b", "x" * 129, 5, None))
+
+
+def test_nesting_is_refused_by_depth_whatever_the_brackets_count_and_cheaply_for_big_flat_headers():
+    """More than 255 levels is refused (a list in an object counts); many brackets side by side,
+    or inside a string, are not nesting; a flat header passes the screen (its cost is in
+    python -m benchmarks.attack, not here)."""
+    deep_objects = '{"a":' * 300 + "1" + "}" * 300
+    with pytest.raises(ProtocolError, match="nested deeper than 255 levels"):
+        parse_header(f'{{"v":1,"type":"ping","id":"d","x":{deep_objects}}}'.encode())
+    with pytest.raises(ProtocolError, match="nested deeper than 255 levels") as info:
+        parse_header(f'{{"v":1,"type":"ping","id":"d2","x":{"[" * 300 + "]" * 300}}}'.encode())
+    assert info.value.header_id == "d2"                 # the answer names it without a second decode
+    wide = make(MsgType.PING, "w", x=[[i] for i in range(2000)], s="[{" * 500)
+    assert parse_header(dumps(wide)) == (MsgType.PING, wide)
+    assert m._brackets_over(b"[" * 256, 255) and not m._brackets_over(b"[{" * 127 + b"[", 255)
+    flat = dumps(make(MsgType.PING, "f", s="x" * 4_000_000))
+    assert not m._brackets_over(flat, 255) and parse_header(flat)[1]["s"] == "x" * 4_000_000
+    assert m._brackets_over(b"[" * 1_000_000, 255)    # stops at the 256th, whatever follows

@@ -115,3 +115,90 @@ def test_a_handler_can_end_the_drain_after_its_message():
         a.close(0)
         return order
     assert asyncio.run(run()) == [b"1", "between", b"2", b"3"]
+
+
+def test_a_wake_up_of_a_socket_handles_costly_messages_for_a_bounded_time():
+    """A backlog of costly messages (1 ms each here) is read DRAIN_SECONDS at a time: between two
+    reads the loop runs what became ready (a worker's result, the calls a SeD admitted), not after
+    256 of them."""
+    import asyncio
+    import time
+    import zmq
+    from gridrpc.transport import channel as channel_mod
+    from gridrpc.transport.channel import Channel, context
+
+    async def run():
+        ctx = context()
+        a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+        a.bind("inproc://drain-time-test")
+        b.connect("inproc://drain-time-test")
+        order: list = []
+        ready = asyncio.Event()
+
+        def on_message(frames):
+            if not order:
+                asyncio.get_running_loop().call_soon(order.append, "between")
+            order.append(int(frames[0].bytes))
+            time.sleep(0.001)
+            if order[-1] == 39:
+                ready.set()
+        for i in range(40):
+            a.send(str(i).encode())
+        await asyncio.sleep(0.05)
+        ch = Channel(b, on_message, name="test")
+        await asyncio.wait_for(ready.wait(), 10)
+        ch.close()
+        a.close(0)
+        return order
+    order = asyncio.run(run())
+    assert channel_mod.DRAIN_SECONDS <= 0.005
+    first = order.index("between")
+    assert 1 <= first <= 1 + int(channel_mod.DRAIN_SECONDS / 0.001) + 1, order
+    assert [x for x in order if x != "between"] == list(range(40))      # nothing lost, order kept
+
+
+def test_a_header_refused_at_the_boundary_is_decoded_once_and_its_answer_names_its_id(monkeypatch):
+    """A header refused after decoding (nested too deep, a 1 MB discovery's args, an unknown type)
+    is answered with its own id, without decoding the frame a second time: under a flood of 1 MB
+    headers the second decode doubled what each cost the daemon."""
+    import gridrpc.core.messages as messages
+    decodes = []
+    real = orjson.loads
+
+    def counting(raw):
+        decodes.append(len(raw))
+        return real(raw)
+
+    deep = "[" * 900 + "]" * 900
+    sends = [
+        [f'{{"v":1,"type":"ping","id":"deep-1","ids":[{deep}]}}'.encode()],
+        [m.dumps(m.make(MsgType.DISCOVER, "big-1", service="add", k=1, args=["x" * 1_000_000]))],
+        [orjson.dumps({"v": 1, "type": "no_such_type", "id": "odd-1"})],
+        [orjson.dumps({"v": 1, "type": "ping", "id": "../x"})],      # an id that is not valid: not echoed
+    ]
+
+    async def run():
+        ep = Endpoint("T", "tcp://127.0.0.1:0", {MsgType.PING: lambda msg: None}).start()
+        s = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(ep.address)
+        out = []
+        try:
+            for frames in sends:
+                await s.send_multipart(frames)
+                assert await s.poll(3000), f"no reply to {frames[0][:60]!r}"
+                out.append(real((await s.recv_multipart())[0]))
+        finally:
+            s.close()
+            ep.close()
+        return out
+
+    monkeypatch.setattr(messages.orjson, "loads", counting)
+    out = asyncio.run(run())
+    assert [o["id"] for o in out] == ["deep-1", "big-1", "odd-1", ""]
+    assert all(o["error"]["kind"] == "protocol" for o in out)
+    assert "nested deeper than 255" in out[0]["error"]["message"]
+    assert "'args'" in out[1]["error"]["message"]
+    big = [n for n in decodes if n > 1_000_000]
+    assert len(big) == 1, f"the 1 MB header was decoded {len(big)} times"
+    assert sum(1 for n in decodes if 1800 < n < 2000) == 1      # the deep one, once

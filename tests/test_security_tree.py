@@ -181,3 +181,27 @@ def test_optional_computations_over_curve(tmp_path):
 def _story_users(t) -> set:
     return t.lt.call(lambda: {e.user for _, e in t.ma.events.log.latest(500)
                               if e.kind.value.startswith("call_") and e.user})
+
+
+def test_a_data_source_is_checked_against_its_own_key_not_the_whole_directory(tmp_path, monkeypatch):
+    """A SeD pins a data holder's key by the holder's name (a replica's by its process's name)
+    and refuses a holder with no element key, reading only those key files: a flood of
+    ``data_put``s naming new sources read every key of the site for each."""
+    from types import SimpleNamespace
+    from gridrpc.errors import DataError
+    from gridrpc.sed.data_fetch import Fetching
+    store = KeyStore(tmp_path / "k")
+    for name in ("sed-1", "sed-2"):
+        store.create(name, "element")
+    store.create("alice", "user")
+    f = Fetching()
+    f.sed = SimpleNamespace(security=Security(keys=store, name="sed-2", role="element"))
+
+    def scanned():
+        raise AssertionError("the whole key directory was read")
+    monkeypatch.setattr(KeyStore, "entries", lambda self: scanned())
+    for holder, key in (("sed-1", "sed-1"), ("sed-1-01", "sed-1")):
+        assert f._peer_options({"sed": holder})[zmq.CURVE_SERVERKEY] == store.public(key, "element")
+    for stranger in ("sed-9", "alice", "../elements/sed-1"):
+        with pytest.raises(DataError, match="is not an element of this site"):
+            f._peer_options({"sed": stranger})

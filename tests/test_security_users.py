@@ -462,7 +462,7 @@ def test_under_a_mixed_attack_a_well_behaved_user_keeps_working():
     docs/security.md.)"""
     from benchmarks.attack import run
     r = run(3.0, secure=False)
-    assert r["attack"]["calls"] > 50 and not r["attack"]["failed"], r["attack"]
+    assert r["attack"]["calls"] > 20 and not r["attack"]["failed"], r["attack"]      # served, none failed
     assert r["dropped"] == [], r["tree_after"]
     assert all(p["fds"] < 200 for p in r["daemons"].values()), r["daemons"]
     assert sum(s["sent"] for s in r["attackers"].values()) > 1000          # the attack did happen

@@ -66,12 +66,17 @@ class Fetching:
         holder = header.get("sed")
         if not isinstance(holder, str):
             raise CommunicationError("cannot fetch data securely: the holder's name is unknown")
-        base = holder.rsplit("-", 1)[0] if holder not in {n for _, n, _, _ in sec.keys.entries()} else holder
-        try:
-            return sec.client_options(sec.keys.public(base, "element"))
-        except ConfigError:
-            raise DataError(f"data holder {holder!r} is not an element of this site (no element key for "
-                            f"{base!r} in the key directory)") from None
+        # the holder's own element key, else its process's (replica ``sed-1-01`` of ``sed-1``): two
+        # files looked at, not the whole directory, which a flood of puts naming new sources would
+        # have read once per put
+        base = holder.rsplit("-", 1)[0]
+        for name in (holder, base):
+            try:
+                return sec.client_options(sec.keys.public(name, "element"))
+            except ConfigError:
+                continue
+        raise DataError(f"data holder {holder!r} is not an element of this site (no element key for "
+                        f"{holder!r} or {base!r} in the key directory)")
 
     # -- Links (gridrpc.runtime.data_request): the channels of the fetches -------------------------
     async def holder_channel(self, name: str, address: str, header: dict) -> Channel:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket as _socket
+import time
 from typing import Callable, Sequence
 
 import zmq
@@ -35,6 +36,11 @@ def has_big(frames) -> bool:
 #: messages handled per wake-up of one socket before the loop runs others
 #: (timers, heartbeats, other sockets): a flooded socket cannot starve them
 DRAIN_BATCH = 256
+#: seconds of handling per wake-up of one socket, whatever the count: with a backlog of costly
+#: messages from a flooding peer, 256 of them take tens of ms, and what the loop does between two
+#: wake-ups waits that long (a worker's result, another socket such as a bulk session's; a SeD
+#: starts the calls admitted in a wake-up at its end)
+DRAIN_SECONDS = 0.002
 _ctx: zmq.Context | None = None
 
 
@@ -194,6 +200,8 @@ class Channel:
         sock = self.sock
         self._draining = True
         hooks, began = self.around_drain, False
+        clock = time.perf_counter
+        until = clock() + DRAIN_SECONDS
         try:
             for _ in range(DRAIN_BATCH):    # bounded so one busy socket cannot starve the loop
                 if self.closed:
@@ -214,6 +222,8 @@ class Channel:
                     log.exception("%s: error while handling a message", self.name)
                 if self.end_drain:
                     self.end_drain = False
+                    break
+                if clock() > until:         # the rest at the next loop iteration (_schedule_check)
                     break
         finally:
             self._draining = False

@@ -378,7 +378,8 @@ class Endpoint:
             self.stats.received += 1
             self.stats.bad_messages += 1
             self.bad_log(logging.WARNING, "%s: rejected message: %s", self.name, exc)
-            self.send(frames[:1], m.error_header(_safe_id(frames), "protocol", str(exc)))
+            hid = getattr(exc, "header_id", None)         # set when the header itself was decoded
+            self.send(frames[:1], m.error_header(_safe_id(frames) if hid is None else hid, "protocol", str(exc)))
             if self.on_rejected is not None:
                 self.on_rejected(exc)
             return

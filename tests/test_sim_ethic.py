@@ -49,11 +49,11 @@ def test_runs_the_real_core_objects():
 
 
 def test_hand_computed_timeline_of_one_user():
-    """1 SeD, 1 user; every cost chosen so the times can be worked out by hand."""
+    """1 SeD, 1 user, the per-call client; every cost chosen so the times can be worked out by hand."""
     o = Overheads(client_msg=0.01, sed_msg=0.02, latency=0.001, client_start=0.005, ping_interval=0.0,
                   ack_delay=0.0)
     plan = ClientPlan(user="u0", t0=1.0, deadline=3.0, n_min=1, n_max=2, task_time=0.5)
-    sim = ScenarioSim([plan], 1, overheads=o)
+    sim = ScenarioSim([plan], 1, overheads=o, mandatory_first=False, batches=False, shared_discovery=False)
     events, m = sim.run()
     at = lambda typ, **kw: [e["t"] for e in events if e["type"] == typ  # noqa: E731
                             and all(e.get(k) == v for k, v in kw.items())]
@@ -78,9 +78,11 @@ def test_hand_computed_timeline_of_one_user():
     ("day-regular", {"queue": "fcfs", "n_submit": 190}),
 ])
 def test_zero_overheads_reproduce_the_zero_latency_simulation(scenario, kw):
+    """With the client sending each user's first calls as one burst, one message per call."""
     plans = generate(scenario, random.Random(1))
     ev_old, m_old = simulate(plans, 10, seed=3, **kw)
-    ev_new, m_new = ScenarioSim(plans, 10, seed=3, overheads=Overheads.zero(), **kw).run()
+    ev_new, m_new = ScenarioSim(plans, 10, seed=3, overheads=Overheads.zero(), mandatory_first=False,
+                                batches=False, shared_discovery=False, **kw).run()
     assert ev_new == ev_old
     assert (m_new.completed, m_new.unfairness, m_new.killed) == (m_old.completed, m_old.unfairness, m_old.killed)
 
@@ -105,7 +107,9 @@ def test_the_client_process_is_a_shared_serial_resource():
     plans = generate("night-simultaneous", random.Random(0), n_users=20, n_max=200, time_scale=0.1)
 
     def spread(k):
-        ev, _ = ScenarioSim(plans, 20, overheads=CAL, client_processes=k).run()
+        # each user's whole first burst between two users' starts: the per-call client
+        ev, _ = ScenarioSim(plans, 20, overheads=CAL, client_processes=k, mandatory_first=False,
+                            batches=False, shared_discovery=False).run()
         t0 = [e["t"] for e in ev if e["type"] == "user_arrive"]
         return max(t0) - min(t0)
 
@@ -155,6 +159,7 @@ def test_cli_simulate_writes_the_real_runners_json_shape(tmp_path, capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--client-processes", "2"], "--simulate"),
     (["--no-overheads"], "--simulate"),
+    (["--per-call-client"], "--simulate"),
     (["--simulate", "--client-processes", "0"], ">= 1"),
     (["--simulate", "--overhead-factor", "-1"], ">= 0"),
     (["--simulate", "--no-overheads", "--overhead-factor", "2"], "excludes"),

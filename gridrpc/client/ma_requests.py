@@ -27,7 +27,7 @@ from ..transport.handshake import explain
 from .call import ServerInfo
 from .ids import new_id
 
-__all__ = ["MasterAgentRequests", "release_answer"]
+__all__ = ["MasterAgentRequests", "release_answer", "joined_ranking"]
 
 #: while waiting for the master agent, how often its handshake is checked for a refused key (seconds)
 HANDSHAKE_CHECK_S = 0.25
@@ -149,9 +149,7 @@ class MasterAgentRequests:
                 shared[1] += 1
                 j = shared[1]
                 entries, from_view = await asyncio.shield(shared[0])
-                if entries:
-                    j %= len(entries)
-                    entries = entries[j:] + entries[:j]
+                entries = joined_ranking(entries, j)
             else:
                 fut = self.loop.create_future()
                 _SHARED[key] = [fut, 0]
@@ -235,6 +233,16 @@ class MasterAgentRequests:
         if server not in self._server_addresses:
             raise NoServerAvailable(f"no server named {server!r} in the tree")
         return ServerInfo(name=server, address=self._server_addresses[server])
+
+
+def joined_ranking(entries: list, j: int) -> list:
+    """The ranking the ``j``-th client joining a shared discovery gets: the
+    asker's, rotated by ``j`` places (``j`` = 0: the asker's own), so users
+    who got one answer do not all put their first calls on the same servers."""
+    if not entries:
+        return entries
+    j %= len(entries)
+    return entries[j:] + entries[:j]
 
 
 #: discoveries in flight that clients with ``share_discovery`` may join

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from ..core.dispatcher import (Cancel, CallRecord, Finish, LegacyDispatcher, OptionalDispatcher, Submit,
-                               Dispatcher)
+                               Dispatcher, mandatory_first, send_order)
 from ..errors import (CallCancelled, CallPreempted, CommunicationError, GridRPCError, NoServerAvailable,
                       Timeout)
 from .call import Call, ServerInfo
@@ -137,11 +137,8 @@ async def drive(client, service: str, dispatcher: Dispatcher, servers: Sequence[
         return lambda _task: done_q.put_nowait(key)
 
     def apply(actions) -> None:
-        # cancels newest first: on a FCFS server the oldest call is the running
-        # one; cancelling it first would start (and at once kill) the next one
-        cancels = [a for a in actions if isinstance(a, Cancel)][::-1]
         stop: list[Call] = []
-        for a in [a for a in actions if not isinstance(a, Cancel)] + cancels:
+        for a in send_order(actions):
             if isinstance(a, Submit):
                 call = client.submit_nowait(service, *_as_args(a.args), optional=a.optional,
                                      server=by_name[a.server], **kwargs)
@@ -157,19 +154,14 @@ async def drive(client, service: str, dispatcher: Dispatcher, servers: Sequence[
             cancelling.append(loop.create_task(_cancel_all(client, stop, cancel_timeout)))
 
     try:
-        first = dispatcher.start(clock())
-        mandatory = [a for a in first if isinstance(a, Submit) and not a.optional]
-        if mandatory and len(mandatory) < len(first):
+        mandatory, first = mandatory_first(dispatcher.start(clock()))
+        if mandatory:
             # the mandatory calls leave first, in their own batch: the loop runs their send tasks and
-            # flushes before the optional calls exist. Users arriving together in one process then
-            # all send their mandatory calls before anyone's optional ones, instead of the first
-            # user's optional calls taking every idle SeD and being preempted there a moment later
-            # by the others' mandatory calls (killed time counts as received: that user ended far
-            # above its share; docs/experiments/optional-computations.md)
+            # flushes before the optional calls exist, so users arriving together in one process all
+            # send their mandatory calls before anyone's optional ones (core.dispatcher.mandatory_first)
             apply(mandatory)
             for _ in range(_MANDATORY_FIRST_STEPS):
                 await asyncio.sleep(0)
-            first = [a for a in first if not (isinstance(a, Submit) and not a.optional)]
         apply(first)
         while not dispatcher.finished:
             wake = dispatcher.next_deadline

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Sequence
 
 __all__ = ["Submit", "Cancel", "Finish", "DispatchAction", "CallRecord", "Phase",
-           "OptionalDispatcher", "LegacyDispatcher"]
+           "OptionalDispatcher", "LegacyDispatcher", "send_order", "mandatory_first"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,33 @@ class Finish:
 
 
 DispatchAction = Submit | Cancel | Finish
+
+
+def send_order(actions: Iterable[DispatchAction]) -> list[DispatchAction]:
+    """The order in which a runtime applies one step's actions: every
+    :class:`Submit` (and :class:`Finish`) in the dispatcher's order, then the
+    :class:`Cancel`\ s newest first. On a FCFS server the oldest call is the
+    running one: cancelling it first would start the next queued call only to
+    cancel it a moment later."""
+    actions = list(actions)
+    return [a for a in actions if not isinstance(a, Cancel)] + [a for a in actions if isinstance(a, Cancel)][::-1]
+
+
+def mandatory_first(actions: Sequence[DispatchAction]) -> tuple[list[DispatchAction], list[DispatchAction]]:
+    """Split a dispatcher's first actions (:meth:`OptionalDispatcher.start`)
+    into ``(mandatory, rest)``: the mandatory :class:`Submit`\ s, which the
+    runtime sends in a batch of their own, and what it sends once other
+    ready work had its turn (the optional calls). Users starting together in
+    one process then all send their mandatory calls before anyone's optional
+    ones, so no user's optional calls take the idle servers only to be
+    preempted there by another user's mandatory calls a moment later (killed
+    work counts as allocated to its user). ``([], actions)`` when there is
+    nothing to split (no mandatory call, or nothing else)."""
+    actions = list(actions)
+    mand = [a for a in actions if isinstance(a, Submit) and not a.optional]
+    if not mand or len(mand) == len(actions):
+        return [], actions
+    return mand, [a for a in actions if not (isinstance(a, Submit) and not a.optional)]
 
 
 class Phase(enum.Enum):

@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
     s.add_argument("--costs", metavar="PATH", default=None,
                    help="overheads from this `gridrpc sim calibrate -o` JSON (default: the built-in DEFAULT_COSTS)")
     s.add_argument("--no-overheads", action="store_true",
-                   help="zero overheads (the zero-latency simulation of gridrpc.experiments.sim)")
+                   help="zero overheads (with --per-call-client: the zero-latency simulation of "
+                        "gridrpc.experiments.sim)")
     s.add_argument("--overhead-factor", type=float, default=None,
                    help="multiply every CPU and latency overhead by this (a loaded host is a slower host)")
     s.add_argument("--client-processes", type=int, default=None,
@@ -58,6 +59,10 @@ def add_parser(sub) -> None:
     s.add_argument("--horizon", type=float, default=None, metavar="SECONDS",
                    help="stop the simulated clock at this time of the run (s, after --time-scale); users "
                         "not started by then count as unhappy")
+    s.add_argument("--per-call-client", action="store_true",
+                   help="simulate the runtime's client before batches: one message per CALL and CANCEL, a "
+                        "user's first calls as one burst (default: today's, mandatory calls first in their "
+                        "own batch, a loop iteration's messages to a server as one)")
     e.add_argument("--json", required=True, metavar="PATH", help="write the results here")
     e.add_argument("--events", metavar="PATH", default=None,
                    help="event log, JSON lines (default: PATH of --json with .events.jsonl)")
@@ -89,7 +94,8 @@ def cmd_ethic(a: argparse.Namespace) -> int:
     if a.simulate:
         from .sim_run import run_simulated
         res = run_simulated(cfg, overheads=overheads, client_processes=a.client_processes or 1,
-                            horizon=a.horizon, progress=lambda s: print(s, file=sys.stderr))
+                            horizon=a.horizon, per_call_client=a.per_call_client,
+                            progress=lambda s: print(s, file=sys.stderr))
     else:
         # SIGTERM as Ctrl-C: the tree's processes live in their own sessions and are stopped only by
         # run_experiment's way out (a plain SIGTERM left the MA, 2 SeD processes and 138 workers).
@@ -124,7 +130,8 @@ def _overheads(a: argparse.Namespace):
     sim_only = [flag for flag, set_ in (("--costs", a.costs is not None), ("--no-overheads", a.no_overheads),
                                         ("--overhead-factor", a.overhead_factor is not None),
                                         ("--client-processes", a.client_processes is not None),
-                                        ("--horizon", a.horizon is not None)) if set_]
+                                        ("--horizon", a.horizon is not None),
+                                        ("--per-call-client", a.per_call_client)) if set_]
     if not a.simulate:
         if sim_only:
             raise ValueError(f"{', '.join(sim_only)} only make(s) sense with --simulate")

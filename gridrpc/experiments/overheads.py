@@ -27,6 +27,10 @@ fitted by ``gridrpc sim calibrate`` on 27 real trees; or a JSON written by
   queues) do not grow with. Measured on the core itself (:data:`SCHED_ITEM`,
   :func:`gridrpc.experiments.sim_validate.measure_sched`). FCFS's scheduler is
   O(1) per event and pays nothing here;
+* ``client_batch_item`` / ``sed_batch_item``: CPU of the client / a SeD
+  process per call or cancel in a batch message (a loop iteration's messages
+  to one server travel as one), on top of that message's ``client_msg`` /
+  ``sed_msg``: measured on the scale experiment's tree (:data:`BATCH_ITEM`);
 * ``ack_delay``: the SeD's ACCEPTED is sent at once for a queued call, and
   after this delay for a call that started at once (a quick RESULT stands for
   it: ``ProcessBackend.ack_delay``);
@@ -42,7 +46,7 @@ from dataclasses import asdict, dataclass, fields, replace
 __all__ = ["Overheads"]
 
 _CPU = ("client_msg", "sed_msg", "sed_item", "ma_msg", "ma_item", "latency", "worker", "client_start",
-        "sched_item", "sched_item_virtual")
+        "sched_item", "sched_item_virtual", "client_batch_item", "sed_batch_item")
 
 #: CPU per queued request per event of the ethic scheduler (``SedScheduler`` with ``EthicPolicy``,
 #: one finished + one submitted optional request per event, queues of 10, 100 and 1000 users; the
@@ -58,6 +62,11 @@ SCHED_ITEM = {"cumulative": 0.55e-6, "virtual": 0.93e-6}
 #: ``python -m gridrpc.experiments.sim_validate docs/experiments/data --fit-start``.
 CLIENT_START = 3.2e-3
 
+#: CPU per call or cancel carried in a batch message, s, on top of the message's own cost: the
+#: client's and the SeD process's, measured by ``python -m benchmarks.burst`` (100 users sending
+#: 14,100 calls to 2 SeD processes in batches, then cancelling them; docs/performance.md, "Bursts")
+BATCH_ITEM = {"client": 35e-6, "sed": 45e-6}
+
 
 @dataclass(frozen=True, kw_only=True)
 class Overheads:
@@ -71,6 +80,8 @@ class Overheads:
     client_start: float = 0.0
     sched_item: float = 0.0
     sched_item_virtual: float = 0.0
+    client_batch_item: float = 0.0
+    sed_batch_item: float = 0.0
     ack_delay: float = 0.02
     ping_interval: float = 1.0
     source: str = "zero"
@@ -106,6 +117,7 @@ class Overheads:
                    ma_msg=costs.msg("ma"), ma_item=costs.item("ma"), latency=costs.local_latency,
                    worker=costs.exec_cpu + 2 * costs.local_latency, client_start=CLIENT_START,
                    sched_item=SCHED_ITEM["cumulative"], sched_item_virtual=SCHED_ITEM["virtual"],
+                   client_batch_item=BATCH_ITEM["client"], sed_batch_item=BATCH_ITEM["sed"],
                    source=costs.source or "gridrpc.sim.model.DEFAULT_COSTS")
 
     def is_zero(self) -> bool:

@@ -18,7 +18,7 @@ import itertools
 import random
 from typing import Any
 
-from ..core.dispatcher import Cancel, LegacyDispatcher, OptionalDispatcher, Submit
+from ..core.dispatcher import Cancel, LegacyDispatcher, OptionalDispatcher, Submit, send_order
 from ..core.metrics import metrics_from_events
 from ..core.queue import Kill, Request, SedScheduler, Start, make_policy
 from ..core.scenarios import ClientPlan
@@ -71,8 +71,7 @@ def simulate(plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
                     push(now, "done", user, key, False)
 
     def client_actions(user: str, actions, now: float) -> None:
-        cancels = [a for a in actions if isinstance(a, Cancel)][::-1]     # newest first, as the runtime
-        for a in [a for a in actions if not isinstance(a, Cancel)] + cancels:
+        for a in send_order(actions):                            # as the runtime
             if isinstance(a, Submit):
                 rid = f"{user}/{a.key}"
                 req_server[rid] = a.server

@@ -51,7 +51,9 @@ class ProcessClock:
         """Run ``fn(*args)`` on ``proc``: now if it is idle, else after its queue."""
         if not proc.queue and proc.busy_until <= self.now:
             proc.busy_until = self.now
+            self._job_begins(proc)
             fn(*args)
+            self._job_ended(proc)
         else:
             proc.queue.append((fn, args))
             if not proc.waking:
@@ -65,10 +67,18 @@ class ProcessClock:
         proc.waking = False
         fn, args = proc.queue.popleft()
         proc.busy_until = self.now
+        self._job_begins(proc)
         fn(*args)
+        self._job_ended(proc)
         if proc.queue and not proc.waking:
             proc.waking = True
             self._push(max(proc.busy_until, self.now), "wake", proc)
+
+    def _job_begins(self, proc: Proc) -> None:
+        """Called before each job of ``proc`` runs (its queue holds the jobs after it)."""
+
+    def _job_ended(self, proc: Proc) -> None:
+        """Called after each job of ``proc`` ran."""
 
     def _charge(self, proc: Proc, cost: float, msgs: int = 1) -> None:
         proc.busy_until += cost

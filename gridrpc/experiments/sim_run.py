@@ -32,14 +32,16 @@ __all__ = ["run_simulated", "simulate_once"]
 
 
 def simulate_once(cfg: EthicConfig, run: int, seed: int, overheads: Overheads, *,
-                  client_processes: int = 1, horizon: float | None = None) -> dict[str, Any]:
+                  client_processes: int = 1, horizon: float | None = None, mandatory_first: bool = True,
+                  batches: bool = True, shared_discovery: bool = True) -> dict[str, Any]:
     plans = [dataclasses.replace(p, user=f"r{run}-{p.user}") for p in cfg.plans(seed)]
     cls = DeadlineAwareDispatcher if cfg.skip_late else OptionalDispatcher
     t0, c0 = time.perf_counter(), time.process_time()
     sim = ScenarioSim(plans, cfg.seds, queue=cfg.queue, queue_options=cfg.queue_options,
                       n_submit=cfg.n_submit if cfg.legacy else None, seed=seed, dispatcher_cls=cls,
                       overheads=overheads, sed_processes=cfg.sed_processes,
-                      client_processes=client_processes, horizon=horizon)
+                      client_processes=client_processes, horizon=horizon, mandatory_first=mandatory_first,
+                      batches=batches, shared_discovery=shared_discovery)
     events, m = sim.run()
     not_started = sim.not_started
     sim_wall, sim_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -75,23 +77,29 @@ def simulate_once(cfg: EthicConfig, run: int, seed: int, overheads: Overheads, *
 
 
 def run_simulated(cfg: EthicConfig, *, overheads: Overheads | None = None, client_processes: int = 1,
-                  horizon: float | None = None, progress=print) -> dict[str, Any]:
+                  horizon: float | None = None, per_call_client: bool = False, progress=print) -> dict[str, Any]:
     """``cfg.runs`` simulated runs; the result dict of
     :func:`gridrpc.experiments.ethic.run_experiment` plus ``simulated``,
-    ``overheads`` and ``client_processes``."""
+    ``overheads`` and ``client_processes``. ``per_call_client``: the
+    runner's client before batches (each user's client started at its
+    arrival with a discovery of its own, one message per CALL and CANCEL, a
+    user's first calls as one burst) instead of today's."""
     if client_processes < 1:
         raise ValueError("client_processes must be >= 1")
     o = overheads if overheads is not None else Overheads.from_costs()
     runs = []
     for i in range(cfg.runs):
-        r = simulate_once(cfg, i, cfg.seed + i, o, client_processes=client_processes, horizon=horizon)
+        r = simulate_once(cfg, i, cfg.seed + i, o, client_processes=client_processes, horizon=horizon,
+                          mandatory_first=not per_call_client, batches=not per_call_client,
+                          shared_discovery=not per_call_client)
         runs.append(r)
         progress(f"run {i}: unhappy={r['unhappy_users']} unfairness={r['unfairness']:.3f} "
                  f"completed={r['completed']} killed={r['killed']} "
                  + (f"not started={r['not_started']} " if horizon is not None else "")
                  + f"(simulated {r['wall']:.1f}s in {r['sim_wall']:.1f}s)")
     med = lambda k: statistics.median(r[k] for r in runs)  # noqa: E731
-    return {"config": {**dataclasses.asdict(cfg), "client_processes": client_processes, "horizon": horizon},
+    return {"config": {**dataclasses.asdict(cfg), "client_processes": client_processes, "horizon": horizon,
+                       "per_call_client": per_call_client},
             "simulated": True, "overheads": o.to_dict(),
             "unhappy_users": med("unhappy_users"), "unfairness": med("unfairness"),
             "completed": med("completed"), "completed_by_deadline": med("completed_by_deadline"),

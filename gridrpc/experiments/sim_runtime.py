@@ -31,6 +31,16 @@ ethic``:
   answers (``ma_item`` per vector) and answers SERVERS; the client reads it,
   starts the dispatcher (its ``user_arrive`` time, as on the real tree) and
   sends the initial burst of calls;
+* **today's runner and client** (``shared_discovery``, ``mandatory_first``,
+  ``batches``; all three off: the runner before batches, one message per
+  call) — the users' clients are up before the run (no ``client_start``) and
+  a user arriving while a discovery of its client process is in flight joins
+  it, its ranking rotated by its place (``client.ma_requests.joined_ranking``);
+  a user's mandatory calls leave in a batch of their own and its optional ones
+  in a later loop iteration (``core.dispatcher.mandatory_first``, as
+  ``client.optional.drive``); a loop iteration's CALLs and CANCELs to a SeD
+  process leave as one message, which the SeD process reads with its queues
+  paused (:mod:`.sim_batches`);
 * **pings** — every ``ping_interval``, each user pings each SeD process that
   holds calls of its (PING and PONG: one message each side).
 
@@ -38,8 +48,9 @@ ethic``:
 to its end): calls still running count as neither completed nor killed, and
 users not started yet are listed by :attr:`ScenarioSim.not_started`.
 
-With :meth:`Overheads.zero` it takes the same steps in the same order as
-:func:`gridrpc.experiments.sim.simulate` and gives the same event log.
+With :meth:`Overheads.zero` and the per-call client it takes the same steps
+in the same order as :func:`gridrpc.experiments.sim.simulate` and gives the
+same event log.
 
 Not modelled: CPU contention between processes (each has a core of its own;
 the measured host had 2 cores shared with other work), lost messages,
@@ -53,17 +64,19 @@ import itertools
 import random
 from typing import Any
 
-from ..core.dispatcher import Cancel, LegacyDispatcher, OptionalDispatcher, Submit
+from ..core.dispatcher import Cancel, LegacyDispatcher, OptionalDispatcher, Submit, mandatory_first, send_order
 from ..core.metrics import metrics_from_events
 from ..core.queue import Kill, Request, SedScheduler, Start, make_policy
 from ..core.scenarios import ClientPlan
+from ..client.ma_requests import joined_ranking
 from .overheads import Overheads
+from .sim_batches import BatchesMixin
 from .sim_procs import ProcessClock, Proc, split
 
 __all__ = ["ScenarioSim", "simulate_with_overheads"]
 
 
-class ScenarioSim(ProcessClock):
+class ScenarioSim(BatchesMixin, ProcessClock):
     """``plans`` on ``n_seds`` SeDs; ``n_submit`` set: legacy clients.
     :meth:`run` returns ``(events, metrics)``; afterwards :meth:`cpu` gives
     each kind of process's CPU and message counts, :attr:`disps` the users'
@@ -72,12 +85,15 @@ class ScenarioSim(ProcessClock):
     def __init__(self, plans: list[ClientPlan], n_seds: int, *, queue: str = "ethic",
                  queue_options: dict | None = None, n_submit: int | None = None, seed: int = 0,
                  dispatcher_cls: type = OptionalDispatcher, overheads: Overheads | None = None,
-                 sed_processes: int = 1, client_processes: int = 1, horizon: float | None = None) -> None:
+                 sed_processes: int = 1, client_processes: int = 1, horizon: float | None = None,
+                 mandatory_first: bool = True, batches: bool = True, shared_discovery: bool = True) -> None:
         if n_seds < 1:
             raise ValueError("need n_seds >= 1")
         if horizon is not None and not horizon >= 0:
             raise ValueError("horizon must be >= 0 (s of the run's clock)")
         self.horizon = horizon
+        self.mandatory_first, self.batches, self.shared = mandatory_first, batches, shared_discovery
+        self._init_batches()
         if sed_processes < 1 or client_processes < 1:
             raise ValueError("need sed_processes >= 1 and client_processes >= 1")
         self.o = o = overheads if overheads is not None else Overheads.zero()
@@ -95,10 +111,12 @@ class ScenarioSim(ProcessClock):
         self.sp_of: dict[str, Proc] = {}
         self.replicas: dict[Proc, int] = {}
         it = iter(self.names)
+        self.names_of: dict[Proc, list[str]] = {}
         for sp, size in zip(self.sed_procs, split(n_seds, k)):
             self.replicas[sp] = size
-            for _ in range(size):
-                self.sp_of[next(it)] = sp
+            self.names_of[sp] = [next(it) for _ in range(size)]
+            for n in self.names_of[sp]:
+                self.sp_of[n] = sp
         self.client_procs = [Proc(f"client{i}", "client") for i in range(client_processes)]
         self.client_of = {p.user: self.client_procs[i % client_processes] for i, p in enumerate(plans)}
         self.ma = Proc("MA", "ma")
@@ -117,6 +135,8 @@ class ScenarioSim(ProcessClock):
         self.sched = 0.0 if getattr(pol, "arrival_order", False) else (
             o.sched_item_virtual if getattr(pol, "accounting", "") == "virtual" else o.sched_item)
         self.answers: dict[str, int] = {}
+        self.sharing: dict[tuple[Proc, int], list[str]] = {}  # discoveries in flight: the asker, then joiners
+        self.order_of: dict[str, list[str]] = {}             # the asker's ranking, for the joiners
         self.out_at: dict[str, collections.Counter] = {}     # user -> SeD process -> calls outstanding
         self.left = len(plans)                               # users not finished yet
         self._gone: set[str] = set()
@@ -124,8 +144,19 @@ class ScenarioSim(ProcessClock):
     # -- users: discovery -------------------------------------------------------
     def _arrive(self, user: str) -> None:
         p = self.plan_of[user]
-        order = self.names[:]
-        self.rng.shuffle(order)                   # discovery ranks servers in a random order
+        c = self.client_of[user]
+        group = self.sharing.get((c, p.n_max)) if self.shared else None
+        if group is not None:
+            # a discovery of this client process is in flight: this user joins it and gets its
+            # answer rotated by its place among the joiners, as the runtime's share_discovery
+            order = joined_ranking(self.order_of[group[0]], len(group))
+            group.append(user)
+        else:
+            order = self.names[:]
+            self.rng.shuffle(order)               # discovery ranks servers in a random order
+            if self.shared:
+                self.sharing[(c, p.n_max)] = [user]
+                self.order_of[user] = order
         mand = [p.task_time] * p.n_min
         opt = itertools.repeat(p.task_time, p.n_max - p.n_min)
         if self.n_submit is None:
@@ -135,11 +166,13 @@ class ScenarioSim(ProcessClock):
                                  order[:p.n_max])
         self.disps[user] = d
         self.out_at[user] = collections.Counter()
-        self._job(self.client_of[user], self._c_discover, user)
+        if group is None:
+            self._job(c, self._c_discover, user)
 
     def _c_discover(self, user: str) -> None:
         c = self.client_of[user]
-        self._charge(c, self.o.client_start + self.o.client_msg, 1)   # start the user; DISCOVER out
+        start = 0.0 if self.shared else self.o.client_start      # shared: the clients are up beforehand
+        self._charge(c, start + self.o.client_msg, 1)            # start the user; DISCOVER out
         self._send(c, self.ma, self._ma_discover, user)
 
     def _ma_discover(self, user: str) -> None:
@@ -168,26 +201,51 @@ class ScenarioSim(ProcessClock):
     def _c_servers(self, user: str) -> None:
         c = self.client_of[user]
         self._charge(c, self.o.client_msg)                       # SERVERS in
-        self._c_apply(user, self.disps[user].start(c.busy_until))
+        if self.shared:
+            self.order_of.pop(user, None)
+            group = self.sharing.pop((c, self.plan_of[user].n_max))
+            for u in group:                                      # every user waiting for this answer
+                self._c_start(u)
+            return
+        self._c_start(user)
+
+    def _c_start(self, user: str) -> None:
+        c = self.client_of[user]
+        first = self.disps[user].start(c.busy_until)
+        if self.mandatory_first:
+            mand, first = mandatory_first(first)
+            if mand:
+                # the mandatory calls go out now; the rest once what reached the client process
+                # by the end of this job had its turn (the runtime's loop steps before the
+                # optional calls: other users' answers read, their mandatory calls sent)
+                self._c_apply(user, mand)
+                self._push(c.busy_until, "job", c, self._c_apply, (user, first))
+                return
+        self._c_apply(user, first)
 
     # -- users: dispatching -------------------------------------------------------
     def _c_apply(self, user: str, actions) -> None:
         c = self.client_of[user]
         o = self.o
-        cancels = [a for a in actions if isinstance(a, Cancel)][::-1]     # newest first, as the runtime
-        for a in [a for a in actions if not isinstance(a, Cancel)] + cancels:
+        for a in send_order(actions):                            # as the runtime
             if isinstance(a, Submit):
                 rid = f"{user}/{a.key}"
                 self.req_server[rid] = a.server
                 sp = self.sp_of[a.server]
-                self._charge(c, o.client_msg)                    # CALL out
                 self.out_at[user][sp] += 1
-                self._send(c, sp, self._sp_call, a.server, rid, user, a.optional)
+                item: tuple = ("call", a.server, rid, user, a.optional)
             elif isinstance(a, Cancel):
                 rid = f"{user}/{a.key}"
                 sname = self.req_server[rid]
-                self._charge(c, o.client_msg)                    # CANCEL out
-                self._send(c, self.sp_of[sname], self._sp_cancel, sname, rid)
+                sp = self.sp_of[sname]
+                item = ("cancel", sname, rid)
+            else:
+                continue
+            if self.batches:
+                self._c_out(c, user, sp, item)                   # leaves at the end of the loop iteration
+            else:
+                self._charge(c, o.client_msg)                    # CALL or CANCEL out
+                self._c_send(c, sp, item)
         d = self.disps[user]
         if d.finished and user not in self._gone:
             self._gone.add(user)

@@ -25,7 +25,8 @@ from .ethic import EthicConfig
 from .overheads import Overheads
 from .sim_run import simulate_once
 
-__all__ = ["METRICS", "validate_point", "validate", "fit_client_start", "measure_sched", "scenario_markdown", "main"]
+__all__ = ["METRICS", "CLIENT_OF_POINT", "client_of", "validate_point", "validate", "fit_client_start",
+           "measure_sched", "scenario_markdown", "main"]
 
 METRICS = ("unhappy_users", "unfairness", "completed", "killed")
 
@@ -120,13 +121,39 @@ def within(value: float, lo: float, hi: float, rel: float = 1e-9) -> bool:
     return lo - abs(lo) * rel - 1e-12 <= value <= hi + abs(hi) * rel + 1e-12
 
 
-def validate_point(stored: dict, *, overheads: dict[str, Overheads]) -> dict[str, Any]:
+#: the client each stored point was measured with (by the file name's first part): the runtime's
+#: client batches a loop iteration's CALLs and CANCELs per server (and the SeD pauses its queues for a
+#: read) from a1e7193 (2026-11-24 01:14 UTC) on; the runner starts the users' clients before the run
+#: and users arriving together share one discovery from e06243e (07:15) on, and the client sends a
+#: user's mandatory calls first, in their own batch, from 8f0ecdf (07:22) on. The other points
+#: (2026-11-22) were measured with one message per call.
+CLIENT_OF_POINT = {"scale-burst": {"batches": True, "mandatory_first": False, "shared_discovery": False},
+                   "scale-heldack": {"batches": True, "mandatory_first": False, "shared_discovery": False},
+                   **{name: {"batches": True, "mandatory_first": True, "shared_discovery": True}
+                      for name in ("scale-mandfirst", "scale-final", "scale-ninth", "scale-tenth", "scale-eleventh",
+                                   "scale-twelfth")}}
+PER_CALL_CLIENT = {"batches": False, "mandatory_first": False, "shared_discovery": False}
+TODAYS_CLIENT = {"batches": True, "mandatory_first": True, "shared_discovery": True}
+
+
+def client_of(point: str) -> dict[str, bool]:
+    """The simulated client's behaviour for a stored point (``mandatory_first``, ``batches``,
+    ``shared_discovery``)."""
+    return CLIENT_OF_POINT.get(point.split(".", 1)[0], PER_CALL_CLIENT)
+
+
+def validate_point(stored: dict, *, overheads: dict[str, Overheads],
+                   client: dict[str, bool] | None = None) -> dict[str, Any]:
     cfg = config_of(stored)
     real = stored["runs"]
-    out: dict[str, Any] = {"config": stored["config"], "real": _summary(real), "seeds": [r["seed"] for r in real]}
+    if client is None:          # a stored simulation says which client it simulated; else today's
+        client = PER_CALL_CLIENT if stored["config"].get("per_call_client") else TODAYS_CLIENT
+    client = dict(client)
+    out: dict[str, Any] = {"config": stored["config"], "real": _summary(real), "seeds": [r["seed"] for r in real],
+                           "client": client}
     for label, o in overheads.items():
         t0 = time.perf_counter()
-        sims = [simulate_once(dataclasses.replace(cfg, runs=1), r["run"], r["seed"], o) for r in real]
+        sims = [simulate_once(dataclasses.replace(cfg, runs=1), r["run"], r["seed"], o, **client) for r in real]
         s = _summary(sims)
         s["sim_wall"] = time.perf_counter() - t0
         s["within"] = {k: within(s[k]["median"], out["real"][k]["min"], out["real"][k]["max"]) for k in METRICS}
@@ -149,8 +176,9 @@ def validate(data_dir: str, *, only: str | None = None, progress=print,
         stored = json.loads(path.read_text())
         if "runs" not in stored or "config" not in stored or stored.get("simulated"):
             continue
-        row = validate_point(stored, overheads=overheads)
-        row["point"] = point_name(path, stored)
+        name = point_name(path, stored)
+        row = validate_point(stored, overheads=overheads, client=client_of(name))
+        row["point"] = name
         rows.append(row)
         c = row["calibrated"] if "calibrated" in row else row[next(iter(overheads))]
         progress(f"{row['point']:45s} " + " ".join(

@@ -12,6 +12,24 @@ from gridrpc.core.messages import MsgType
 from gridrpc.transport.endpoint import Endpoint, RateLimitedLog
 
 
+
+async def ask_each(ep, sends, decode) -> list:
+    """Send each message of ``sends`` to ``ep`` from one DEALER, one at a time, and decode each
+    answer's header; ``ep`` is closed at the end."""
+    s = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(ep.address)
+    out = []
+    try:
+        for frames in sends:
+            await s.send_multipart(frames)
+            assert await s.poll(3000), f"no reply to {frames[0][:60]!r}"
+            out.append(decode((await s.recv_multipart())[0]))
+    finally:
+        s.close()
+        ep.close()
+    return out
+
 def test_rate_limited_log_counts_and_summarises(caplog):
     t = [0.0]
     rl = RateLimitedLog(logging.getLogger("t.rl"), burst=3, interval=10.0, clock=lambda: t[0])
@@ -54,19 +72,7 @@ def test_dispatch_errors_and_statistics():
         ep = Endpoint("T", "tcp://127.0.0.1:0", handlers, what="test daemon",
                       on_rejected=lambda exc: rejected.append(str(exc))).start()
         holder["ep"] = ep
-        s = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(ep.address)
-        out = []
-        try:
-            for frames in sends:
-                await s.send_multipart(frames)
-                assert await s.poll(3000), f"no reply to {frames!r}"
-                out.append(orjson.loads((await s.recv_multipart())[0]))
-        finally:
-            s.close()
-            ep.close()
-        return ep, out
+        return ep, await ask_each(ep, sends, orjson.loads)
 
     ep, out = asyncio.run(run())
     assert out[0]["type"] == "pong" and out[0]["id"] == "p1"
@@ -179,19 +185,7 @@ def test_a_header_refused_at_the_boundary_is_decoded_once_and_its_answer_names_i
 
     async def run():
         ep = Endpoint("T", "tcp://127.0.0.1:0", {MsgType.PING: lambda msg: None}).start()
-        s = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(ep.address)
-        out = []
-        try:
-            for frames in sends:
-                await s.send_multipart(frames)
-                assert await s.poll(3000), f"no reply to {frames[0][:60]!r}"
-                out.append(real((await s.recv_multipart())[0]))
-        finally:
-            s.close()
-            ep.close()
-        return out
+        return await ask_each(ep, sends, real)
 
     monkeypatch.setattr(messages.orjson, "loads", counting)
     out = asyncio.run(run())

@@ -87,6 +87,31 @@ def test_min_pilots_are_kept_and_idle_ones_leave():
     assert of(pool.tick(T0 + 100), CancelPilot) == []   # the last one stays (min_pilots)
 
 
+def test_a_pilot_registering_after_the_calls_ended_starts_idle_and_leaves_idle():
+    """Two pilots submitted for a burst; the first serves every call before
+    the second registers: the second still starts (a ``pilot_started`` note),
+    takes nothing, and leaves after ``idle_timeout`` like any idle pilot."""
+    pool = PilotPool(cfg(cores=2, max_pilots=2, idle_timeout=3))
+    out = []
+    for cid in "abcd":
+        out += pool.call_arrived(cid, T0, need=0.05)
+    first, second = (a.name for a in of(out, SubmitPilot))
+    pool.submitted(second, "2", T0)
+    out = bring_up(pool, first, T0 + 1, job="1")
+    assert [d.call_id for d in of(out, Dispatch)] == ["a", "b"]
+    for cid, done in (("a", "c"), ("b", "d")):
+        assert of(pool.call_done(cid, T0 + 1.1), Dispatch) == [Dispatch(done, first)]
+    pool.call_done("c", T0 + 1.2)
+    pool.call_done("d", T0 + 1.2)
+    out = pool.job_started(second, T0 + 2, T0 + 2) + pool.registered(second, "tcp://127.0.0.1:1002", T0 + 2.5)
+    assert notes(out, "pilot_started") and of(out, Dispatch) == []
+    out = pool.tick(T0 + 4.2)                           # the first, idle since T0 + 1.2, leaves
+    assert [a.name for a in of(out, CancelPilot)] == [first]
+    out = pool.tick(T0 + 5.5)                           # the second, idle since it registered, leaves
+    assert [a.name for a in of(out, CancelPilot)] == [second]
+    assert "idle" in notes(out, "pilot_stopped")[0].detail and "served 0 calls" in notes(out, "pilot_stopped")[0].detail
+
+
 # ------------------------------------------------------------------ walltime: fit, drain, replace
 
 def test_a_call_never_goes_to_a_pilot_that_cannot_finish_it():

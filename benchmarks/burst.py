@@ -32,7 +32,7 @@ import sys
 import time
 
 from gridrpc.client.aio import AsyncClient
-from gridrpc.core.call import Phase
+from gridrpc.core.client_call.machine import Phase
 from gridrpc.experiments.tree import ExperimentTree
 
 

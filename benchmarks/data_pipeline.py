@@ -20,7 +20,7 @@ import numpy as np
 def _gridrpc(n: int, repeat: int, isolation: str = "process") -> list[dict]:
     import gridrpc
     from gridrpc.examples import services as S
-    from gridrpc.sed.data import DataConfig
+    from gridrpc.sed.data.store import DataConfig
     from gridrpc.testing import LocalTree
     rows = []
     with LocalTree(las=1, seds_per_la=3, services=S.ALL + S.DATA, http=False,

@@ -41,7 +41,7 @@ CLIENTS = 64
 # -- the load process ----------------------------------------------------------------------
 def _worker(a: argparse.Namespace) -> int:
     import gevent
-    from gridrpc.client.call import ServerInfo
+    from gridrpc.client.futures import ServerInfo
     from gridrpc.errors import GridRPCError
     from gridrpc.loadtest.green import GreenClient
 

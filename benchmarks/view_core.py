@@ -24,7 +24,7 @@ import sys
 import time
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import AgentConfig, AgentState, MasterRole, Received
+from gridrpc.core.agent.machine import AgentConfig, AgentState, MasterRole, Received
 from gridrpc.core.messages import MsgType
 from gridrpc.core.view import split_common
 

@@ -9,7 +9,7 @@ import pytest
 
 import gridrpc
 from gridrpc.client.aio import AsyncClient
-from gridrpc.client.call import ServerInfo
+from gridrpc.client.futures import ServerInfo
 from gridrpc.testing import LoopThread, example_sed
 
 pytestmark = pytest.mark.timeout(60)
@@ -168,7 +168,7 @@ def test_cancel_calls_keeps_an_answer_already_received_and_checks_ownership_firs
 
 
 def _result_event(flight):
-    from gridrpc.core.call_types import Result
+    from gridrpc.core.client_call.vocabulary import Result
     return Result(flight.machine.id, 42.0, {}, None)
 
 

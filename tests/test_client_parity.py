@@ -1,6 +1,6 @@
 """The asyncio client (gridrpc.Client over AsyncClient) and the gevent
 load-test client (GreenClient) drive the same call machine
-(gridrpc.core.call): the same scenarios, run against both on real daemons
+(gridrpc.core.client_call.machine): the same scenarios, run against both on real daemons
 (``gridrpc ma|la|sed`` subprocesses), must end the same way — discovery,
 failover when a SeD dies, a transient ``no_server`` / ``rebuilding`` answer
 of the MA retried until the call's deadline, the call's own timeout giving

@@ -270,7 +270,7 @@ def test_a_failure_forgets_every_kept_answer_and_the_store_is_bounded():
 
 def test_what_ends_a_call_as_a_server_failure():
     from types import SimpleNamespace as NS
-    from gridrpc.core.call_types import CallError, Done, Fail
+    from gridrpc.core.client_call.vocabulary import CallError, Done, Fail
     clean, left = NS(excluded=set()), NS(excluded={"sed-1"})
     assert not server_failed(clean, Done("x", 1, {}))
     assert server_failed(left, Done("x", 1, {}))                         # a failover, then done elsewhere

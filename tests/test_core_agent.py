@@ -1,4 +1,4 @@
-"""Pure tests of the agent state machine (gridrpc.core.agent): no sockets, no
+"""Pure tests of the agent state machine (gridrpc.core.agent.machine): no sockets, no
 clock, no loop. Events in, actions out."""
 import dataclasses
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
+from gridrpc.core.agent.machine import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
                                 MasterRole, Received, Rejected, Send, SendFailed, SendParent, Tick,
                                 child_budget_ms, discovery_budget)
 from gridrpc.core.messages import MsgType
@@ -405,7 +405,7 @@ def test_discoveries_in_flight_are_bounded_per_connection():
     """A flood of DISCOVERs from one connection is refused past the limit (no
     amplification down the tree); other connections are unaffected."""
     import random as _random
-    from gridrpc.core.agent import AgentConfig, AgentState, MasterRole, Received, Send
+    from gridrpc.core.agent.machine import AgentConfig, AgentState, MasterRole, Received, Send
     from gridrpc.core import messages as _m
     st = AgentState(AgentConfig(name="MA", max_discoveries_per_peer=3), MasterRole(), _random.Random(1))
     st.handle(Received(b"child", _m.MsgType.REGISTER,

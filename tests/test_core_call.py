@@ -1,4 +1,4 @@
-"""The call machine (gridrpc.core.call): pure, on a fake clock.
+"""The call machine (gridrpc.core.client_call.machine): pure, on a fake clock.
 
 Each rule of the protocol on its own, then invariants over random event
 sequences (hypothesis): at most one Done/Fail, every server given up on
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gridrpc.core.call import (Abort, Accepted, Cancel, CancelAck, CallMachine, CallPolicy, CallSent, Discover,
-                               Discovered, Done, Error, Fail, FailOver, Malformed, Phase, Pong, Result, SendCall,
-                               SendCancel, SendFailed, SendPing, Start, Tick)
+from gridrpc.core.client_call.machine import (Abort, Accepted, Cancel, CancelAck, CallMachine, CallPolicy, CallSent,
+                                              Discover, Discovered, Done, Error, Fail, FailOver, Malformed, Phase, Pong,
+                                              Result, SendCall, SendCancel, SendFailed, SendPing, Start, Tick)
 from gridrpc.core.ids import IdGenerator
 from gridrpc.core.messages import valid_id
 from gridrpc.errors import (CallCancelled, CommunicationError, NoServerAvailable, ProtocolError, RemoteError,
@@ -376,7 +376,7 @@ def test_the_callers_count_is_for_the_first_server_it_ranked():
 
 def test_busy_on_the_last_candidate_is_transient():
     """A ``busy`` answer from the only server fails as "no server" (with
-    discovery, the machine discovers again instead: call_retry)."""
+    discovery, the machine discovers again instead: client_call.rediscovery)."""
     mc = machine(1)
     mc.handle(Start(), 0.0)
     acts = mc.handle(Error("t-1", {"kind": "busy", "message": "full"}, server="a"), 0.0)

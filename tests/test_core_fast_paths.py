@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import AgentConfig, AgentState, LocalRole, Received
+from gridrpc.core.agent.machine import AgentConfig, AgentState, LocalRole, Received
 from gridrpc.core.estimation import RunTimePredictor, queue_tags, scheduler_tags
 from gridrpc.core.messages import MsgType
 from gridrpc.core.queue import Request, SedScheduler, make_policy

@@ -1,12 +1,12 @@
 """Federation of master agents in the pure agent state machine
-(gridrpc.core.agent_federation): forwarding to peers, hop limit, no loops,
+(gridrpc.core.agent.federation): forwarding to peers, hop limit, no loops,
 fast failure when a peer cannot be asked, only elements may forward."""
 from __future__ import annotations
 
 import random
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import (AgentConfig, AgentState, FromPeer, MasterRole, PeerUnreachable, Received, Send,
+from gridrpc.core.agent.machine import (AgentConfig, AgentState, FromPeer, MasterRole, PeerUnreachable, Received, Send,
                                 SendPeer, Tick)
 from gridrpc.core.messages import MsgType
 from gridrpc.errors import CommunicationError, ServiceNotFound, error_from_wire

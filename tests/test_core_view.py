@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import (AgentConfig, AgentState, LocalRole, MasterRole, Received, Send, SendParent,
+from gridrpc.core.agent.machine import (AgentConfig, AgentState, LocalRole, MasterRole, Received, Send, SendParent,
                                 Tick)
 from gridrpc.core.aggregators import make_aggregator
 from gridrpc.core.messages import MsgType
@@ -412,7 +412,7 @@ def test_a_snapshot_refused_before_its_registration_is_asked_for_again():
     """A snapshot that came before the registration naming its SeD is refused; an idle SeD
     pushes only on change, so the view stayed incomplete and every discovery fanned out for
     good. The agent asks the child for it in a heartbeat ack (after VIEW_ASK_FIRST)."""
-    from gridrpc.core.agent_discovery import VIEW_ASK_FIRST
+    from gridrpc.core.agent.discovery import VIEW_ASK_FIRST
     s = ma()
     register(s, "sed-1")
     push(s, "sed-1", {"add": vec()}, 0.0)
@@ -433,7 +433,7 @@ def test_a_snapshot_refused_before_its_registration_is_asked_for_again():
 
 
 def test_a_sed_whose_first_push_is_on_the_way_is_not_asked_for():
-    from gridrpc.core.agent_discovery import VIEW_ASK_FIRST
+    from gridrpc.core.agent.discovery import VIEW_ASK_FIRST
     s = ma()
     register(s, "sed-1")
     _heartbeat(s, "sed-1", 0.0)                        # the gap noted
@@ -447,7 +447,7 @@ def test_a_sed_whose_first_push_is_on_the_way_is_not_asked_for():
 
 def test_snapshots_that_never_come_are_asked_at_doubling_intervals():
     # a SeD whose services are not pushed (a request-dependent estimation) never fills the gap
-    from gridrpc.core.agent_discovery import VIEW_ASK_FIRST, VIEW_ASK_MAX_S
+    from gridrpc.core.agent.discovery import VIEW_ASK_FIRST, VIEW_ASK_MAX_S
     s = ma()
     register(s, "sed-1")
     asked = []

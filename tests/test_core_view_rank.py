@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import AgentConfig, AgentState, MasterRole, Received, Send, Tick
+from gridrpc.core.agent.machine import AgentConfig, AgentState, MasterRole, Received, Send, Tick
 from gridrpc.core.aggregators import make_aggregator
 from gridrpc.core.messages import MsgType
 from gridrpc.core.view import HERD_GROUP, MAX_RANKINGS, candidates, power_of_two, split_common

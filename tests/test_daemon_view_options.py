@@ -11,7 +11,7 @@ import pytest
 import gridrpc
 from gridrpc.cli import main
 from gridrpc.core import messages as m
-from gridrpc.core.agent import AgentConfig, AgentState, LocalRole, MasterRole, Received, SendParent, Tick
+from gridrpc.core.agent.machine import AgentConfig, AgentState, LocalRole, MasterRole, Received, SendParent, Tick
 from gridrpc.core.messages import MsgType
 from gridrpc.core.view import DEFAULT_MAX_AGE
 from gridrpc.testing import wait_for

@@ -6,7 +6,7 @@ import pytest
 
 import gridrpc
 from gridrpc.examples import services as S
-from gridrpc.sed.data import DataConfig
+from gridrpc.sed.data.store import DataConfig
 from gridrpc.testing import LocalTree, wait_for
 
 

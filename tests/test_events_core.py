@@ -123,7 +123,7 @@ def _reference_from_dict(d):
     checks, _new_event): every name through its regex, the dataclass __init__.
     The fast one must accept and reject exactly the same inputs, with the
     same messages, and build equal events with the same field types."""
-    from gridrpc.core.event_types import (_CONTROL_RE, _KINDS, ID_RE, MAX_DETAIL, MAX_DURATION, MAX_TIME,
+    from gridrpc.core.events.event import (_CONTROL_RE, _KINDS, ID_RE, MAX_DETAIL, MAX_DURATION, MAX_TIME,
                                           NAME_RE, SERVICE_RE, USER_RE, _clip)
 
     def check(key, rx, required=False):

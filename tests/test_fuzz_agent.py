@@ -15,7 +15,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import (AgentConfig, AgentState, FromParent, LocalRole, MasterRole, Received, Rejected,
+from gridrpc.core.agent.machine import (AgentConfig, AgentState, FromParent, LocalRole, MasterRole, Received, Rejected,
                                 Send, SendFailed, SendParent, Tick)
 from gridrpc.core.messages import MsgType
 from gridrpc.errors import ProtocolError

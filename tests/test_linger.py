@@ -256,7 +256,7 @@ def test_a_call_alone_at_its_server_leaves_at_once_others_wait_for_the_iteration
     """A sequential caller's CALL is sent from the step that makes it (waiting for the loop
     iteration's end cost it an iteration: nothing could join it); a call made while another
     is in flight at the same server goes in the outbox, and the outbox leaves as one batch."""
-    from gridrpc.client.call import ServerInfo
+    from gridrpc.client.futures import ServerInfo
 
     async def go():
         async with gridrpc.AsyncClient(None) as c:

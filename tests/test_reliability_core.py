@@ -8,10 +8,10 @@ import random
 from dataclasses import dataclass
 
 from gridrpc.core import messages as m
-from gridrpc.core.agent import AgentConfig, AgentState, MasterRole, Received, Send
-from gridrpc.core.call import (Accepted, CallMachine, CallPolicy, Discover, Discovered, DiscoveryFailed, Fail,
-                               FailOver, Phase, Pong, Result, SendCall, SendCancel, SendFailed, Start, Tick,
-                               Done, Error)
+from gridrpc.core.agent.machine import AgentConfig, AgentState, MasterRole, Received, Send
+from gridrpc.core.client_call.machine import (Accepted, CallMachine, CallPolicy, Discover, Discovered, DiscoveryFailed,
+                                              Fail, FailOver, Phase, Pong, Result, SendCall, SendCancel, SendFailed,
+                                              Start, Tick, Done, Error)
 from gridrpc.core.ids import IdGenerator
 from gridrpc.core.messages import MsgType
 from gridrpc.errors import (NoServerAvailable, ServerLost, ServiceNotFound, Timeout, error_from_wire)

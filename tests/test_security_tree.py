@@ -189,7 +189,7 @@ def test_a_data_source_is_checked_against_its_own_key_not_the_whole_directory(tm
     ``data_put``s naming new sources read every key of the site for each."""
     from types import SimpleNamespace
     from gridrpc.errors import DataError
-    from gridrpc.sed.data_fetch import Fetching
+    from gridrpc.sed.data.fetch import Fetching
     store = KeyStore(tmp_path / "k")
     for name in ("sed-1", "sed-2"):
         store.create(name, "element")

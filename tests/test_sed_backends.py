@@ -198,7 +198,7 @@ def test_prestart_workers_forks_them_at_start_and_the_rest_on_demand():
         assert all(w.proc.is_alive() for w in pre.execution.pool.workers)
 
         async def burst(sed):
-            from gridrpc.client.call import ServerInfo
+            from gridrpc.client.futures import ServerInfo
             async with AsyncClient(None) as c:
                 calls = [c.submit_nowait("sleep", 0.3, server=ServerInfo(f"{sed.name}-{i}", sed.address))
                          for i in (1, 2, 3)]

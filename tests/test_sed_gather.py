@@ -69,7 +69,7 @@ def test_users_of_one_process_send_every_mandatory_call_before_any_optional_one(
     batch held its mandatory and optional calls together, user after user. (What the SeD reads first
     across two sockets is up to zmq's fair queuing: the client's order is what is checked.)"""
     import time
-    from gridrpc.client.call import ServerInfo
+    from gridrpc.client.futures import ServerInfo
     from gridrpc.client.optional import drive
     from gridrpc.core.dispatcher import OptionalDispatcher
     lt = LoopThread()
@@ -117,8 +117,8 @@ def test_a_huge_read_starts_work_before_it_is_all_admitted():
     """One read bringing more than PAUSE_CALLS calls resumes the queues every PAUSE_CALLS
     calls: the first calls start while the rest are still being admitted (before, every replica
     stayed idle until the whole read was admitted: ~0.3 s for a 7,000-call burst)."""
-    from gridrpc.client.call import ServerInfo
-    from gridrpc.sed.calls import PAUSE_CALLS
+    from gridrpc.client.futures import ServerInfo
+    from gridrpc.sed.calls.receive import PAUSE_CALLS
     lt = LoopThread()
     sed = example_sed("h", None, ["sleep"], replicas=4, isolation="inline")
     lt.run(sed.start())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gridrpc.core import agent as core_agent
+from gridrpc.core.agent import machine as core_agent
 from gridrpc.core.aggregators import make_aggregator
 from gridrpc.core.estimation import RunTimePredictor, queue_tags, scheduler_tags
 from gridrpc.core.queue import Request, SedScheduler, make_policy

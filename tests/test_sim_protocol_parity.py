@@ -3,7 +3,7 @@ the same functions, so a protocol change cannot drift between the two.
 
 - The SeD's answers (:mod:`gridrpc.core.sed_protocol`), a child's handling
   of its parent's acknowledgements (:mod:`gridrpc.core.parent_ack`) and a
-  reply's event for the call machine (:mod:`gridrpc.core.call_replies`) are
+  reply's event for the call machine (:mod:`gridrpc.core.client_call.replies`) are
   bound, as the very same function objects, by the runtime modules and the
   simulator's, and the simulator's modules build none of those messages or
   events themselves.
@@ -19,10 +19,12 @@ import inspect
 import pytest
 
 from gridrpc.client import driver
-from gridrpc.core import call as cm
-from gridrpc.core import call_replies, messages as m, parent_ack, sed_protocol
+from gridrpc.core.client_call import machine as cm
+from gridrpc.core import messages as m, parent_ack, sed_protocol
+from gridrpc.core.client_call import replies as call_replies
 from gridrpc.core.messages import MsgType
-from gridrpc.sed import calls as sed_calls, calls_run, server
+from gridrpc.sed import server
+from gridrpc.sed.calls import receive as sed_calls, run as calls_run
 from gridrpc.sim import World, elements_for
 from gridrpc.sim import agent_node, client_node, sed_node
 from gridrpc.sim.node import Out

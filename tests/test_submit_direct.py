@@ -12,7 +12,7 @@ import pytest
 
 import gridrpc
 from gridrpc.client.aio import AsyncClient
-from gridrpc.client.call import ServerInfo
+from gridrpc.client.futures import ServerInfo
 from gridrpc.testing import LoopThread, example_sed
 
 pytestmark = pytest.mark.timeout(60)

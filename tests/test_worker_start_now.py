@@ -157,7 +157,7 @@ def test_close_ends_a_started_call_as_killed():
 
 def test_a_sed_hands_its_queued_calls_to_the_worker_without_a_task_each(monkeypatch):
     import gridrpc
-    from gridrpc.sed.calls import CallsMixin
+    from gridrpc.sed.calls.receive import CallsMixin
     from gridrpc.testing import LocalTree
     tasks = []
     orig = CallsMixin._execute

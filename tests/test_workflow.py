@@ -4,7 +4,7 @@ import pytest
 
 import gridrpc
 from gridrpc.examples import services as S
-from gridrpc.sed.data import DataConfig
+from gridrpc.sed.data.store import DataConfig
 from gridrpc.testing import LocalTree
 from gridrpc.workflow import Workflow, load
 from gridrpc.workflow.heft import ServerEstimate, Task, heft, topological

@@ -268,7 +268,7 @@ def cmd_daemon(a: argparse.Namespace) -> int:
                                       ("policy", a.data_policy), ("directory", a.data_dir),
                                       ("max_bytes_per_user", a.data_bytes_per_user)) if v is not None}
             if data:
-                from ..sed.data import DataConfig
+                from ..sed.data.store import DataConfig
                 hb["data"] = DataConfig(**data)
             from ..sed.backends.registry import kind_for_args
             d = kind_for_args(a).build(a, address, hb)      # plain, batch, cloud... (the flags given)

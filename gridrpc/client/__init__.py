@@ -1,7 +1,7 @@
 """Clients: :class:`AsyncClient` (asyncio) and :class:`Client` (blocking, any thread),
 both configured by one :class:`ClientOptions`."""
 from .aio import AsyncClient, AsyncHandle
-from .call import Call, ServerInfo, wait
+from .futures import Call, ServerInfo, wait
 from .options import ClientOptions
 from .sync import Client, Handle
 

@@ -1,7 +1,7 @@
 """The asyncio client.
 
 A call: discover candidates through the MA (or use the bound server), then
-hand them to a call machine (:mod:`gridrpc.core.call`) driven by
+hand them to a call machine (:mod:`gridrpc.core.client_call.machine`) driven by
 :class:`~gridrpc.client.driver.AsyncCallDriver`: CALL straight to the first
 SeD, ACCEPTED within ``ack_timeout`` (else the next candidate), pings every
 ``ping_interval`` while it runs, failover or
@@ -23,12 +23,12 @@ from typing import Any
 
 from ..core import codec
 from ..address import parse_addresses
-from ..core.call import Discover, Discovered, DiscoveryFailed, SendCall
+from ..core.client_call.machine import Discover, Discovered, DiscoveryFailed, SendCall
 from ..errors import CommunicationError, GridRPCError, kind_of
 from ..files import FileSink
 from ..transport.channel import Channel, connect_dealer
 from ..transport.handshake import HandshakeWatch
-from .call import Call, ServerInfo
+from .futures import Call, ServerInfo
 from .driver import AsyncCallDriver, Flight
 from .ids import new_id
 from .ma_requests import MasterAgentRequests

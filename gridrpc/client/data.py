@@ -5,7 +5,7 @@ and references or pending calls as arguments.
 ``client.submit(..., keep_result=True)`` leaves a result on the SeD that
 computed it. A ``DataRef`` or a pending :class:`~gridrpc.Call` passed as an
 argument travels as a small descriptor: the SeD that runs the call fetches
-the bytes from the holder itself (see :mod:`gridrpc.sed.data`).
+the bytes from the holder itself (see :mod:`gridrpc.sed.data.store`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ..errors import CommunicationError, DataAccessDenied, DataError, DataLost, 
 from ..files import read_file
 from ..runtime.data_request import DataRequests
 from ..transport.channel import Channel, connect_dealer
-from .call import Call, ServerInfo
+from .futures import Call, ServerInfo
 from .ids import new_id
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,12 +1,12 @@
-"""Drivers of the call machine (:mod:`gridrpc.core.call`).
+"""Drivers of the call machine (:mod:`gridrpc.core.client_call.machine`).
 
 A driver owns sockets, timers and whatever a caller waits on; the machine
 owns every protocol rule. :class:`CallDriver` is the part shared by all
 drivers — request ids to calls, replies turned into events, actions carried
 out — and :class:`AsyncCallDriver` adds asyncio: one timer per call at its
 ``next_wakeup()``, pings batched per address, a future per call resolved with
-the machine's :class:`~gridrpc.core.call.Done` or
-:class:`~gridrpc.core.call.Fail`. The asyncio client and the relay to remote
+the machine's :class:`~gridrpc.core.client_call.machine.Done` or
+:class:`~gridrpc.core.client_call.machine.Fail`. The asyncio client and the relay to remote
 SeDs (cloud VMs, pilots) use it; the gevent load-test client subclasses :class:`CallDriver` with
 greenlet waits (:mod:`gridrpc.loadtest.green`).
 
@@ -22,10 +22,10 @@ import math
 from typing import Any, Callable
 
 from ..core import messages as m
-from ..core.call import (Abort, Cancel, CallError, CallMachine, Discover, DiscoveryFailed, Done, Fail, FailOver,
-                         Malformed, SendCall, SendCancel, SendFailed, SendPing, Start, Tick)
-from ..core.call_replies import pong_events, reply_event
-from ..core.call_types import Phase
+from ..core.client_call.machine import (Abort, Cancel, CallError, CallMachine, Discover, DiscoveryFailed, Done, Fail,
+                                        FailOver, Malformed, SendCall, SendCancel, SendFailed, SendPing, Start, Tick)
+from ..core.client_call.replies import pong_events, reply_event
+from ..core.client_call.vocabulary import Phase
 from ..core.messages import MsgType
 from ..core.tally import tally
 from ..transport.channel import has_big

@@ -24,7 +24,7 @@ from ..errors import (AuthenticationError, CommunicationError, NoServerAvailable
                       error_from_wire)
 from ..runtime.data_request import release_answer
 from ..transport.handshake import explain
-from .call import ServerInfo
+from .futures import ServerInfo
 from .ids import new_id
 
 __all__ = ["MasterAgentRequests", "release_answer", "joined_ranking"]

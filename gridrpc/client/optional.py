@@ -30,7 +30,7 @@ from ..core.dispatcher import (Cancel, CallRecord, Finish, LegacyDispatcher, Opt
                                Dispatcher, mandatory_first, send_order)
 from ..errors import (CallCancelled, CallPreempted, CommunicationError, GridRPCError, NoServerAvailable,
                       Timeout)
-from .call import Call, ServerInfo
+from .futures import Call, ServerInfo
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..core.call import CallPolicy
+from ..core.client_call.machine import CallPolicy
 
 __all__ = ["ClientOptions", "option_view"]
 

@@ -48,7 +48,7 @@ many servers as they are, plus as many as this client has calls on
 can use, not the first ``k``; each call still gets ``k`` candidates.
 
 Where a call goes is decided by the servers (late binding,
-:mod:`gridrpc.core.call`): a call whose first server is free by that count
+:mod:`gridrpc.core.client_call.machine`): a call whose first server is free by that count
 is sent to it as a probe, and a server that cannot start it at once passes
 it to the next candidate, so a count that is wrong (another client's calls
 taken for this client's, an answer gone stale) costs a round trip, not a
@@ -75,7 +75,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import orjson
 
-from ..core.call_types import Fail
+from ..core.client_call.vocabulary import Fail
 from ..core.discovery import CHOICE_MEMORY
 from ..core.tally import tally
 

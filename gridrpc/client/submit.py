@@ -13,7 +13,7 @@ caller waits:
   (:meth:`_run`; a task for ``submit``), awaiting the flight's ``waiter``;
 - any other submitted call (discovery, or a :class:`ServerInfo` from one)
   runs without a task: launched from ``submit_nowait`` itself, its
-  :class:`~gridrpc.client.call.Call` bound to a :class:`_DirectFuture` that
+  :class:`~gridrpc.client.futures.Call` bound to a :class:`_DirectFuture` that
   the driver settles when the call ends (the flight's ``on_end``, no waiter
   and no done callback; cancelling the future sends the CANCEL). Why: a
   task per call costs two loop steps (to send, to end) and, cancelled, an
@@ -29,11 +29,11 @@ from typing import Any
 
 from ..core import codec
 from ..core import messages as m
-from ..core.call import CallMachine, Done
+from ..core.client_call.machine import CallMachine, Done
 from ..core.messages import MsgType
 from ..errors import CallCancelled, CommunicationError, MessageTooLarge
 from ..files import read_file
-from .call import Call, ServerInfo
+from .futures import Call, ServerInfo
 from .driver import Flight, exception_for
 from .ids import new_id
 from .reuse import server_failed

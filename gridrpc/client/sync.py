@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ..errors import CallCancelled, CommunicationError, Timeout
 from .aio import AsyncClient
-from .call import Call, ServerInfo
+from .futures import Call, ServerInfo
 from .options import ClientOptions
 
 

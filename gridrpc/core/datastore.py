@@ -5,7 +5,7 @@ holds for clients (``client.put``, ``submit(..., keep_result=True)``): who
 owns each reference, its mode, its size, where its bytes are (memory, the
 spill directory, or not yet produced), how often and how recently it was
 used, and which pending calls need it. It decides; the runtime
-(:mod:`gridrpc.sed.data`) moves bytes and files. No I/O, no clock: ``now`` is
+(:mod:`gridrpc.sed.data.store`) moves bytes and files. No I/O, no clock: ``now`` is
 an argument.
 
 Modes (DIET's names)::

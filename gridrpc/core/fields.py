@@ -370,7 +370,7 @@ BY_TYPE: dict[str, tuple] = {
     "cancelled": _fields(("state", False, *TEXT_SHORT), ("server", False, *NAME), ("timing", False, *TIMING)),
     "ping": _fields(("ids", False, *list_of(ID, MAX_ITEMS))),
     "pong": _fields(("name", False, *NAME), ("calls", False, *mapping(ID, TEXT_SHORT, MAX_ITEMS))),
-    # lifecycle events going up the tree (child -> parent), each validated by the MA (core/events.py)
+    # lifecycle events going up the tree (child -> parent), each validated by the MA (core/events/)
     "events": _fields(("name", True, *NAME), ("events", True, *list_of(obj(16), 1000)),
                       ("dropped", False, *integer(0, 1 << 40))),
     "view": _fields(("name", True, *NAME), ("entries", False, *list_of(VIEW_ENTRY, MAX_ITEMS)),

@@ -73,7 +73,7 @@ class MsgType(str, enum.Enum):
     EVENTS = "events"                # name, events: [event dicts], dropped
     # pushed state (child -> parent): snapshots of SeDs' request-independent estimations
     VIEW = "view"                    # name, entries: [{name, services: {service: vector}, age_ms}], gone
-    # data held on SeDs (client/SeD -> SeD; gridrpc.sed.data)
+    # data held on SeDs (client/SeD -> SeD; gridrpc.sed.data.store)
     DATA_PUT = "data_put"            # ref, user, mode, value (+frames) | source {name, address}
     DATA_GET = "data_get"            # ref, user, call, wait, transfer
     DATA_FREE = "data_free"          # ref, user

@@ -1,7 +1,7 @@
 """What a SeD answers, as pure functions of the message and its state.
 
-The SeD runtime (:mod:`gridrpc.sed.server`, :mod:`gridrpc.sed.calls`,
-:mod:`gridrpc.sed.calls_run`) and the simulator's SeD process
+The SeD runtime (:mod:`gridrpc.sed.server`, :mod:`gridrpc.sed.calls.receive`,
+:mod:`gridrpc.sed.calls.run`) and the simulator's SeD process
 (:mod:`gridrpc.sim.sed_node`) build every answer with these functions, so
 the two cannot answer differently: the DISCOVER answer for the replicas a
 message names, the replica a CALL is for, the refusal of another client's

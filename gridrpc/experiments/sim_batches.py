@@ -14,15 +14,15 @@ sends and reads them.
   every ``PAUSE_CALLS`` calls admitted and at the end, or ``CANCEL_GRACE``
   later when a cancel freed a running slot (other users' cancels of the same
   moment are on their way): the constants are the SeD runtime's
-  (:mod:`gridrpc.sed.calls`, :mod:`gridrpc.sed.calls_run`). It pays
+  (:mod:`gridrpc.sed.calls.receive`, :mod:`gridrpc.sed.calls.run`). It pays
   ``sed_msg`` per message and ``sed_batch_item`` per call or cancel, and
   answers the batch (ACCEPTED, CANCELLED) with one message.
 """
 from __future__ import annotations
 
 from ..core.queue import Request
-from ..sed.calls import PAUSE_CALLS
-from ..sed.calls_run import CANCEL_GRACE
+from ..sed.calls.receive import PAUSE_CALLS
+from ..sed.calls.run import CANCEL_GRACE
 from .sim_procs import Proc
 
 __all__ = ["BatchesMixin"]

@@ -9,7 +9,7 @@ sockets that never block (``NOBLOCK``), read by gevent I/O watchers in the
 hub: waiting for a reply only parks the calling greenlet.
 
 It drives the same call machine as :class:`gridrpc.AsyncClient`
-(:mod:`gridrpc.core.call`), discovery included: a call without a server
+(:mod:`gridrpc.core.client_call.machine`), discovery included: a call without a server
 starts as a ``Discover`` action; the client answers it from its reuse window
 (:mod:`gridrpc.client.reuse`: a view answer of the last ``reuse_discovery``
 seconds, ranked again by this client's own calls), joins a discovery of the
@@ -51,14 +51,14 @@ from typing import Any
 import gevent
 import gevent.event
 
-from ..client.call import ServerInfo
+from ..client.futures import ServerInfo
 from ..client.driver import Flight, exception_for
 from ..client.ids import new_id
 from ..client.options import ClientOptions, OptionViews
 from ..client.reuse import ReusedAnswers, answer_key, ask_again, ask_for, server_failed
 from ..core import codec
 from ..core import messages as m
-from ..core.call import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
+from ..core.client_call.machine import CallMachine, Discover, Discovered, DiscoveryFailed, Done, SendCall
 from ..core.messages import MsgType
 from ..errors import (CommunicationError, GridRPCError, MessageTooLarge, NoServerAvailable, ProtocolError,
                       ServiceNotFound, error_from_wire, kind_of)

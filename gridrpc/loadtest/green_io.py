@@ -20,7 +20,7 @@ import zmq
 from ..client.driver import CallDriver, Flight
 from ..client.ids import new_id
 from ..core import codec
-from ..core.call import Tick
+from ..core.client_call.machine import Tick
 from ..errors import CommunicationError
 from ..transport.channel import DRAIN_BATCH, ZERO_COPY_THRESHOLD, configure_context, routing_id
 

@@ -1,13 +1,13 @@
 """The Local Agent program: an inner node of the tree.
 
-All the agent logic is the pure :mod:`gridrpc.core.agent` state machine; the
+All the agent logic is the pure :mod:`gridrpc.core.agent.machine` state machine; the
 runtime that puts it on sockets is :mod:`gridrpc.runtime.agent`. A Local
-Agent is that runtime with the :class:`~gridrpc.core.agent.LocalRole` and a
+Agent is that runtime with the :class:`~gridrpc.core.agent.machine.LocalRole` and a
 parent.
 """
 from __future__ import annotations
 
-from ..core.agent import LocalRole
+from ..core.agent.machine import LocalRole
 from ..runtime.agent import AgentRuntime
 
 

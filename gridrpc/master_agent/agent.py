@@ -1,9 +1,9 @@
 """The Master Agent program: the root of the tree, the clients' entry point,
 and the HTTP status API.
 
-All the agent logic is the pure :mod:`gridrpc.core.agent` state machine; the
+All the agent logic is the pure :mod:`gridrpc.core.agent.machine` state machine; the
 runtime that puts it on sockets is :mod:`gridrpc.runtime.agent`. The Master
-Agent is that runtime with the :class:`~gridrpc.core.agent.MasterRole`, no
+Agent is that runtime with the :class:`~gridrpc.core.agent.machine.MasterRole`, no
 parent, and the dashboard.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 
 import time
 
-from ..core.agent import MasterRole
+from ..core.agent.machine import MasterRole
 from ..core.events import EventKind, decode_events, make_event
 from ..core.messages import MsgType
 from ..dashboard.stream import EventHub, JsonlWriter

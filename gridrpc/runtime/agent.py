@@ -1,4 +1,4 @@
-"""The agent runtime: the pure :class:`~gridrpc.core.agent.AgentState` on
+"""The agent runtime: the pure :class:`~gridrpc.core.agent.machine.AgentState` on
 real sockets and timers.
 
 It binds an :class:`~gridrpc.transport.endpoint.Endpoint` for children and
@@ -7,7 +7,7 @@ attaches to a parent through a
 :class:`~gridrpc.transport.parent_link.ParentLink` when it has one, feeds
 every message and the passing of time to the state machine, and carries out
 the actions it returns. One timer: the state says when it next needs a
-:class:`~gridrpc.core.agent.Tick` (a discovery deadline, the next sweep of
+:class:`~gridrpc.core.agent.machine.Tick` (a discovery deadline, the next sweep of
 silent children).
 
 What kind of agent it is comes from the role (:class:`MasterRole`,
@@ -26,7 +26,7 @@ import socket
 import time
 from typing import Mapping
 
-from ..core.agent import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
+from ..core.agent.machine import (AgentConfig, AgentState, ChildLost, ChildrenUpdated, FromParent, LocalRole,
                           Received, Rejected, Role, Send, SendFailed, SendParent, SendPeer, Tick,
                           group_by_process)
 from ..core.events import EventOutbox

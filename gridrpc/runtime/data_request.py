@@ -1,6 +1,6 @@
 """Requests for data to holder SeDs, on asyncio: the runtime of
 :class:`gridrpc.core.data_request.DataRequest`, used by the client
-(:mod:`gridrpc.client.data`) and by the SeD (:mod:`gridrpc.sed.data_fetch`).
+(:mod:`gridrpc.client.data`) and by the SeD (:mod:`gridrpc.sed.data.fetch`).
 
 :class:`DataRequests` matches answers to requests by id, notes when each
 address was last heard from (any message: an answer, a reply to a ping),

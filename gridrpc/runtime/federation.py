@@ -1,12 +1,12 @@
 """The master agent's links to its peers (federation, the rules in
-:mod:`gridrpc.core.agent_federation`).
+:mod:`gridrpc.core.agent.federation`).
 
 One DEALER per peer MA, connected with ``IMMEDIATE`` so that a send to a
 peer whose connection is down fails at once (a partition between sites is
 reported in milliseconds, not after the discovery budget); under security
 it speaks CURVE with this MA's element key and the peer's public key. The
 answers (SERVERS or ERROR, validated like every message) go to the state
-machine as :class:`~gridrpc.core.agent.FromPeer`; anything else, or anything
+machine as :class:`~gridrpc.core.agent.machine.FromPeer`; anything else, or anything
 malformed, is dropped and counted. Frames are bounded like the endpoint's.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 import zmq
 
 from ..core import messages as m
-from ..core.agent import FromPeer, PeerUnreachable
+from ..core.agent.machine import FromPeer, PeerUnreachable
 from ..core.messages import MsgType
 from ..errors import ConfigError, GridRPCError, ProtocolError
 from ..transport.channel import Channel, connect_dealer

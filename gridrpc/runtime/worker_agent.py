@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.agent import LocalRole
+from ..core.agent.machine import LocalRole
 from .agent import AgentRuntime
 
 __all__ = ["WorkerAgent"]

@@ -48,8 +48,8 @@ from ..transport.channel import host_of
 from ..transport.endpoint import Endpoint
 from ..transport.parent_link import ParentLink, parent_link
 from .backends import ExecutionBackend, make_backend
-from .calls import CallsMixin, LiveCall
-from .data import DataConfig, SedData
+from .calls.receive import CallsMixin, LiveCall
+from .data.store import DataConfig, SedData
 from .hostinfo import HostInfo
 from .services import ORPHAN_POLICIES, Service, load_spec, make_service
 
@@ -154,16 +154,16 @@ class SeD(CallsMixin, Daemon):
         self._in_flight: dict[str, int] = {}
         self._arg_bytes: dict[str, int] = {}       # user -> bytes of arguments of its calls queued or running
         self._by_owner: dict[object, int] = {}     # calls queued or running per client (its owner)
-        self._acks: dict[int, list] = {}     # held ACCEPTEDs by slot of ACK_SLOT s (calls.py)
-        self._freed_by_cancel = False       # this read's cancels stopped running calls (calls.py)
-        self._paused_calls = 0              # calls admitted since the queues were paused (calls.py)
+        self._acks: dict[int, list] = {}     # held ACCEPTEDs by slot of ACK_SLOT s (calls/receive.py)
+        self._freed_by_cancel = False       # this read's cancels stopped running calls (calls/receive.py)
+        self._paused_calls = 0              # calls admitted since the queues were paused (calls/receive.py)
         self._resume_timer: asyncio.TimerHandle | None = None   # queues resume after CANCEL_GRACE
         self.uplink: EventsUplink | None = None
         self.tmpdir = tempfile.mkdtemp(prefix="gridrpc-sed-")
         self.on_cleanup(shutil.rmtree, self.tmpdir, ignore_errors=True)
         self.on_cleanup(self.endpoint.close)
         self.on_cleanup(self.lifecycle.cache.drop_answers)   # nothing is answered any more: free them
-        self.data = SedData(self, data)             # data held by reference (gridrpc.sed.data)
+        self.data = SedData(self, data)             # data held by reference (gridrpc.sed.data.store)
         self.on_cleanup(self.data.close)
         self.endpoint.handlers.update(self.data.handlers())
         if execution is None:

@@ -61,7 +61,7 @@ class Service:
         """Wrong number, names or types of arguments -> one InvalidArgument
         naming every problem, before queueing. A reference (a DataRef, a
         pending call) passes the type check here: the SeD checks again once
-        it has the value (:mod:`gridrpc.sed.data_calls`)."""
+        it has the value (:mod:`gridrpc.sed.data.call_refs`)."""
         if self.signature is None:
             return
         fast = self._fast

@@ -2,8 +2,8 @@
 
 :mod:`~gridrpc.sim.engine` (clock, hosts and cores, links),
 :mod:`~gridrpc.sim.elements` (agents, SeD processes and clients driving
-``core.agent``, ``core.sed_calls``/``core.queue``, ``core.estimation``,
-``core.call``), :mod:`~gridrpc.sim.world` (shapes, placement, workloads,
+``core.agent.machine``, ``core.sed_calls``/``core.queue``, ``core.estimation``,
+``core.client_call.machine``), :mod:`~gridrpc.sim.world` (shapes, placement, workloads,
 measurements), :mod:`~gridrpc.sim.model` (costs, service times),
 :mod:`~gridrpc.sim.calibrate` (fit the costs from stored measurements),
 :mod:`~gridrpc.sim.validate` (predicted vs measured), :mod:`~gridrpc.sim.cli`

@@ -1,5 +1,5 @@
 """A simulated agent (:mod:`gridrpc.sim.elements`): drives the real
-:class:`gridrpc.core.agent.AgentState` (with the real roles, registry,
+:class:`gridrpc.core.agent.machine.AgentState` (with the real roles, registry,
 discovery table and aggregators), as ``gridrpc/runtime/agent.py`` does with
 sockets: registration and heartbeats to the parent, the state's actions as
 messages, its ticks as timers. The parent's acknowledgements are decided by
@@ -10,8 +10,8 @@ import math
 import random
 
 from ..core import messages as m
-from ..core.agent import AgentConfig, AgentState, FromParent, Received, Tick
-from ..core.agent_events import ChildrenUpdated, Send, SendParent
+from ..core.agent.machine import AgentConfig, AgentState, FromParent, Received, Tick
+from ..core.agent.vocabulary import ChildrenUpdated, Send, SendParent
 from ..core.messages import MsgType
 from ..core.parent_ack import parent_ack
 from .engine import Host

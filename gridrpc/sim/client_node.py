@@ -1,7 +1,7 @@
 """Simulated clients (:mod:`gridrpc.sim.elements`): a client process holds
 users; each user loops discover (+ call), and each call is a real
-:class:`~gridrpc.core.call.CallMachine`. Replies become machine events
-through :func:`gridrpc.core.call_replies.reply_event`, as in the real
+:class:`~gridrpc.core.client_call.machine.CallMachine`. Replies become machine events
+through :func:`gridrpc.core.client_call.replies.reply_event`, as in the real
 drivers (:mod:`gridrpc.client.driver`).
 
 A client process with a reuse window (``ClientNode(reuse=S)``, the load
@@ -18,9 +18,9 @@ import random
 from typing import Callable
 
 from ..client.reuse import ReusedAnswers, answer_key, ask_again, ask_for, server_failed
-from ..core import call as cm
+from ..core.client_call import machine as cm
 from ..core import messages as m
-from ..core.call_replies import pong_events, reply_event
+from ..core.client_call.replies import pong_events, reply_event
 from ..core.messages import MsgType
 from .engine import FixedJob, Host
 from .model import BACKGROUND_PERIOD

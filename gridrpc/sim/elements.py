@@ -1,7 +1,7 @@
 """The simulated elements: thin drivers of the *real* core objects.
 
-- :class:`AgentNode` drives :class:`gridrpc.core.agent.AgentState` (with the
-  real :class:`~gridrpc.core.agent_roles.MasterRole` / ``LocalRole``, the
+- :class:`AgentNode` drives :class:`gridrpc.core.agent.machine.AgentState` (with the
+  real :class:`~gridrpc.core.agent.roles.MasterRole` / ``LocalRole``, the
   registry, the discovery table and the aggregators): what the asyncio
   driver ``gridrpc/runtime/agent.py`` does with sockets, it does with
   simulated messages.
@@ -11,7 +11,7 @@
   one real :class:`~gridrpc.core.sed_calls.SedCalls`; estimation vectors from
   :func:`~gridrpc.core.estimation.scheduler_tags`, as the SeD runtime.
 - :class:`ClientNode` holds users; each call is a real
-  :class:`~gridrpc.core.call.CallMachine`.
+  :class:`~gridrpc.core.client_call.machine.CallMachine`.
 
 Headers are the real wire headers (``gridrpc.core.messages.make``), passed
 as dicts (no JSON). Every message received is a job on the receiving

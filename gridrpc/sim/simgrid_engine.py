@@ -68,7 +68,7 @@ __all__ = ["CPU_SHARING", "REF_FLOPS", "LOCAL_BANDWIDTH", "SgClock", "SgHost", "
 
 #: bytes/s between two processes of one host (SimGrid's loopback), as the built-in engine's ``Network``
 LOCAL_BANDWIDTH = 2.0e9
-#: the message types whose ``size`` field is a payload on the wire (gridrpc.sed.data's DATA and DATA_PUT)
+#: the message types whose ``size`` field is a payload on the wire (gridrpc.sed.data.store's DATA and DATA_PUT)
 DATA_TYPES = ("data", "data_put")
 #: the process that made a SimGrid engine (SimGrid allows one per process)
 _ENGINE_PID: int | None = None

@@ -7,7 +7,7 @@ SeD) then ``solve`` on that reference (:data:`SITE_SERVICES`).
 """
 from __future__ import annotations
 
-from ..core import call as cm
+from ..core.client_call import machine as cm
 from ..core import messages as m
 from ..core.datastore import DataError, DataStore, Mode
 from ..core.messages import MsgType

@@ -1,6 +1,6 @@
 """Several sites on one SimGrid platform (``gridrpc sim run --engine simgrid
 --platform deployments/sim/two-sites.xml``): one tree per site, its master
-agents federated (the real :mod:`gridrpc.core.agent_federation`), data kept
+agents federated (the real :mod:`gridrpc.core.agent.federation`), data kept
 on SeDs and moved between them over the platform's WAN (the real
 :class:`gridrpc.core.datastore.DataStore` keeps each SeD process's books).
 
@@ -41,9 +41,9 @@ import statistics
 import time
 from dataclasses import replace as dc_replace
 
-from ..core.agent import AgentState, FromPeer
-from ..core.agent_events import SendPeer
-from ..core.agent_roles import LocalRole, MasterRole
+from ..core.agent.machine import AgentState, FromPeer
+from ..core.agent.vocabulary import SendPeer
+from ..core.agent.roles import LocalRole, MasterRole
 from ..core.messages import MsgType
 from .agent_node import AgentNode
 from .client_node import ClientNode, User

@@ -16,7 +16,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from ..core.agent_roles import LocalRole, MasterRole
+from ..core.agent.roles import LocalRole, MasterRole
 from ..loadtest.config import LoadConfig
 from .elements import AgentNode, ClientNode, SedNode, User, size
 from .engine import Host, Network, Sim

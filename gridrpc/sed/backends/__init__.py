@@ -49,7 +49,7 @@ from ...errors import ConfigError
 from ...files import FileSink
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..calls import LiveCall
+    from ..calls.receive import LiveCall
     from ..server import Replica, SeD
     from ..services import Service
 

@@ -10,7 +10,7 @@ stay zero-copy and ``gridrpc.File`` arguments reach the remote SeD as file
 contents (not as paths on the relaying SeD's disk).
 
 :class:`SeDLink` is one DEALER per remote SeD, driving the clients' call
-machine (:mod:`gridrpc.core.call`, one candidate, no failover: the back-end's
+machine (:mod:`gridrpc.core.client_call.machine`, one candidate, no failover: the back-end's
 policy picks another place): ACCEPTED within ``ack_timeout``, pings every
 ``ping_interval`` while calls run there; silence for ``ping_timeout``, a PONG
 saying the remote SeD does not know the call (restarted) or a reply that does
@@ -35,7 +35,7 @@ from typing import Callable, ClassVar
 from ...client.driver import AsyncCallDriver, Flight
 from ...client.ids import new_id
 from ...core import messages as m
-from ...core.call import CallMachine, CallPolicy, Done
+from ...core.client_call.machine import CallMachine, CallPolicy, Done
 from ...core.messages import MsgType
 from ...core.sed_calls import CallState
 from ...transport.channel import Channel, connect_dealer

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from ...core import messages as m
-from ..calls import LiveCall
+from ..calls.receive import LiveCall
 from ..services import Service
 from . import jobfiles
 from .base import JobInfo

@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any, ClassVar
 
-from ...core.agent import LocalRole
+from ...core.agent.machine import LocalRole
 from ...core.events import EventKind, make_event
 from ...runtime.agent import AgentRuntime
 from ...transport.channel import host_of

@@ -1,9 +1,9 @@
-"""Where a SeD's data bytes live (:mod:`gridrpc.sed.data`): in memory as the
+"""Where a SeD's data bytes live (:mod:`gridrpc.sed.data.store`): in memory as the
 codec's ``(tree, buffers)``, or in a spill file this SeD names; carrying out
 the store's decisions (spill, evict, free); waiting for a reference still to
 be produced here.
 
-:class:`HeldBytes` holds those methods; :class:`~gridrpc.sed.data.SedData`
+:class:`HeldBytes` holds those methods; :class:`~gridrpc.sed.data.store.SedData`
 inherits them and owns the state (``store``, ``values``, ``files``,
 ``appear``, ``directory``, ``_files``).
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import orjson
 
-from ..core.datastore import Evict, Freed, Mode, Spill, Where
-from ..errors import DataError, DataLost
+from ...core.datastore import Evict, Freed, Mode, Spill, Where
+from ...errors import DataError, DataLost
 
 __all__ = ["HeldBytes"]
 
-log = logging.getLogger("gridrpc.sed.data")      # the data runtime's one logger
+log = logging.getLogger("gridrpc.sed.data.store")      # the data runtime's one logger
 
 
 def nbytes(b) -> int:
@@ -40,7 +40,7 @@ def value_nbytes(tree: Any, buffers: list) -> int:
 
 
 class HeldBytes:
-    """The bytes of the references held by :class:`~gridrpc.sed.data.SedData`."""
+    """The bytes of the references held by :class:`~gridrpc.sed.data.store.SedData`."""
 
     def _keep_bytes(self, ref: str, tree: Any, buffers: list, actions: list) -> None:
         self.values[ref] = (tree, buffers)

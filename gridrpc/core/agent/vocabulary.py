@@ -1,4 +1,4 @@
-"""Events and actions of the agent state machine (:mod:`gridrpc.core.agent`).
+"""Events and actions of the agent state machine (:mod:`gridrpc.core.agent.machine`).
 
 Events go in (``state.handle(event, now)``); actions come out. All are frozen
 value objects; the headers inside are plain dicts (validated wire headers).
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .messages import MsgType
+from ..messages import MsgType
 
 
 # -- events -----------------------------------------------------------------
@@ -30,7 +30,7 @@ class FromParent:
 @dataclass(frozen=True, slots=True)
 class FromPeer:
     """A validated answer (SERVERS or ERROR) from a peer master agent to a
-    discovery this agent forwarded (federation, :mod:`gridrpc.core.agent_federation`)."""
+    discovery this agent forwarded (federation, :mod:`gridrpc.core.agent.federation`)."""
     peer: str                       # the peer as configured (its address)
     type: MsgType
     header: dict

@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from itertools import islice
 from typing import Any, Iterable, Iterator
 
-from .event_types import CALL_KINDS, ERROR_KINDS, LATENCY_BOUNDS, OUTCOME, TERMINAL, Event, EventKind
+from .event import CALL_KINDS, ERROR_KINDS, LATENCY_BOUNDS, OUTCOME, TERMINAL, Event, EventKind
 
 __all__ = ["EventLog", "OTHER", "quantile", "story_summary"]
 

@@ -30,8 +30,8 @@ answered, or at the deadline, or when the last silent child is lost, the
 aggregator ranks the union and the best ``k`` go back.
 
 The state and its children's registry are here; the discovery and pushed
-view transitions in :mod:`gridrpc.core.agent_discovery`, the catalogue, tree
-and statistics output in :mod:`gridrpc.core.agent_catalogue`; every name is
+view transitions in :mod:`gridrpc.core.agent.discovery`, the catalogue, tree
+and statistics output in :mod:`gridrpc.core.agent.catalogue`; every name is
 importable from here.
 """
 from __future__ import annotations
@@ -40,18 +40,18 @@ import logging
 import random
 from dataclasses import dataclass
 
-from . import messages as m
-from .agent_catalogue import AgentStatistics, Catalogue, Counters
-from .agent_discovery import Discovering, group_by_process
-from .agent_events import (ChildLost, ChildrenUpdated, FromParent, FromPeer, PeerUnreachable, Received, Rejected,
+from .. import messages as m
+from .catalogue import AgentStatistics, Catalogue, Counters
+from .discovery import Discovering, group_by_process
+from .vocabulary import (ChildLost, ChildrenUpdated, FromParent, FromPeer, PeerUnreachable, Received, Rejected,
                            Send, SendFailed, SendParent, SendPeer, Tick)
-from .agent_federation import Federating
-from .agent_roles import (CHILD_MARGIN_MS, CHILD_SHARE, MAX_BUDGET_S, MIN_BUDGET_S, MIN_CHILD_BUDGET_MS,
+from .federation import Federating
+from .roles import (CHILD_MARGIN_MS, CHILD_SHARE, MAX_BUDGET_S, MIN_BUDGET_S, MIN_CHILD_BUDGET_MS,
                           LocalRole, MasterRole, Role, child_budget_ms, discovery_budget)
-from .discovery import DiscoveryTable, Done
-from .messages import MsgType
-from .tree import ChildRegistry
-from .view import (DEADLINE_FACTOR, DEADLINE_FLOOR, DEFAULT_MAX_AGE, PUSH_INTERVAL, VIEW_INDEX_MIN, ChildLatency,
+from ..discovery import DiscoveryTable, Done
+from ..messages import MsgType
+from ..tree import ChildRegistry
+from ..view import (DEADLINE_FACTOR, DEADLINE_FLOOR, DEFAULT_MAX_AGE, PUSH_INTERVAL, VIEW_INDEX_MIN, ChildLatency,
                    SubtreeView)
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class AgentConfig:
     silent_probe: float = 1.0       # a child that missed its deadline is left out of view answers this long
     rebuild_time: float | None = None   # root: "rebuilding" instead of service_not_found this long after
                                         # start (None: hb_timeout + hb_interval, every child is back by then)
-    peers: tuple[str, ...] = ()     # root: peer master agents of other trees (core/agent_federation.py)
+    peers: tuple[str, ...] = ()     # root: peer master agents of other trees (core/agent/federation.py)
     peer_hops: int = 2              # how far a discovery may travel from peer to peer
     peer_busy_wait: float | None = None   # root: also ask the peers when every local server's est_wait is over this
 
@@ -118,7 +118,7 @@ class AgentState(Discovering, Federating, Catalogue):
         self._groups: tuple = (-1, {})              # (registry version, {service: children by process})
         self.latency = ChildLatency(config.deadline_floor, config.deadline_factor)
         self._offers: tuple[int, dict, dict] | None = None     # (registry version, by service, owner of)
-        self._asking = None                          # snapshots missing from the view (agent_discovery._Asking)
+        self._asking = None                          # snapshots missing from the view (agent.discovery._Asking)
         self._rebuild_until: float | None = None     # set at the first event: start + rebuild time
         self._forwarded: dict = {}                   # federated discovery id -> what its answer needs
         self._on_peer = {

@@ -1,4 +1,4 @@
-"""The vocabulary of the call machine (:mod:`gridrpc.core.call`): its phases,
+"""The vocabulary of the call machine (:mod:`gridrpc.core.client_call.machine`): its phases,
 its policy, the error it fails with, the events a driver feeds it and the
 actions it returns. Frozen value objects; no behaviour beyond
 :meth:`CallError.to_wire`.
@@ -49,7 +49,7 @@ class CallPolicy:
     @property
     def ack_ms(self) -> int:
         """``ack_timeout`` in ms, sent with each CALL: a SeD may hold the
-        ACCEPTED of a queued call for a small share of it (``sed.calls.ack_delay``)."""
+        ACCEPTED of a queued call for a small share of it (``sed.calls.receive.ack_delay``)."""
         return int(self.ack_timeout * 1000)
 
 

@@ -1,4 +1,4 @@
-"""Fetching data from other SeDs (:mod:`gridrpc.sed.data`): a reference's
+"""Fetching data from other SeDs (:mod:`gridrpc.sed.data.store`): a reference's
 bytes come from this process, else from its holder, else a replica, over a
 DEALER per holder (under CURVE with this SeD's element key, pinning the
 holder's key); a holder silent for ``fetch_timeout`` is reported lost.
@@ -14,7 +14,7 @@ holder must be an element whose key is in the key directory. Each fetch is a
 :class:`~gridrpc.runtime.data_request.DataRequests`, to which this class
 gives the channels (its ``holder_channel`` and ``holder_done``).
 
-:class:`Fetching` holds those methods; :class:`~gridrpc.sed.data.SedData`
+:class:`Fetching` holds those methods; :class:`~gridrpc.sed.data.store.SedData`
 inherits them and owns the state (``_peers``, ``_peer_busy``, ``_peer_used``,
 ``requests``, ``stats``).
 """
@@ -27,16 +27,16 @@ import re
 import time
 from typing import Any
 
-from ..core import messages as m
-from ..core.data_request import DataRequest, Failed, GiveUp
-from ..core.messages import MsgType
-from ..core.refs import RefTag
-from ..errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, error_from_wire
-from ..transport.channel import Channel, connect_dealer
+from ...core import messages as m
+from ...core.data_request import DataRequest, Failed, GiveUp
+from ...core.messages import MsgType
+from ...core.refs import RefTag
+from ...errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, error_from_wire
+from ...transport.channel import Channel, connect_dealer
 
 __all__ = ["Fetching"]
 
-log = logging.getLogger("gridrpc.sed.data")      # the data runtime's one logger
+log = logging.getLogger("gridrpc.sed.data.store")      # the data runtime's one logger
 
 #: holders connected at once (each a socket and a descriptor)
 MAX_PEERS = 32
@@ -54,7 +54,7 @@ def check_peer_address(address: object) -> str:
 
 
 class Fetching:
-    """How :class:`~gridrpc.sed.data.SedData` gets references held elsewhere."""
+    """How :class:`~gridrpc.sed.data.store.SedData` gets references held elsewhere."""
 
     def _peer_options(self, header: dict) -> dict | None:
         """Under CURVE a SeD fetches with its own element key, pinning the
@@ -141,7 +141,7 @@ class Fetching:
     async def fetch(self, tag: RefTag, user: str, wait: float | None = None) -> tuple[Any, list]:
         """``(tree, buffers)`` of a reference: from this process, else from its
         holder, else a replica. DataLost / DataAccessDenied otherwise."""
-        from ..client.ids import new_id
+        from ...client.ids import new_id
         ref, is_call = tag.id, bool(tag.desc.get("call"))
         wait = self.config.max_wait if wait is None else wait
         holders = tag.holders()

@@ -1,5 +1,5 @@
 """Discovery and the pushed view of the agent state machine
-(:mod:`gridrpc.core.agent`).
+(:mod:`gridrpc.core.agent.machine`).
 
 A DISCOVER fans out to the children offering the service (SeD replicas of one
 process get one message naming them all) with a share of the asker's budget;
@@ -8,7 +8,7 @@ DiscoveryTable` and the best ``k`` go back. The root answers from the pushed
 view of its subtree (:mod:`gridrpc.core.view`) when it is fresh enough, and
 fans out otherwise.
 
-:class:`Discovering` holds those transitions; :class:`~gridrpc.core.agent.
+:class:`Discovering` holds those transitions; :class:`~gridrpc.core.agent.machine.
 AgentState` inherits them and owns the state they use (``registry``,
 ``discoveries``, ``view``, ``latency``, ``counters``, ``_inflight``,
 ``_offers``, ``_seq``, ``_rebuild_until``).
@@ -18,16 +18,16 @@ from __future__ import annotations
 import logging
 import random
 
-from . import messages as m
-from .agent_events import FromParent, Send, SendParent
-from .agent_federation import PEER_PREFIX
-from .agent_roles import MIN_BUDGET_S, child_budget_ms, discovery_budget
-from .aggregators import make_aggregator
-from .discovery import Done
-from .fields import MAX_K, MAX_VIEW_MISSING
-from .messages import MsgType
-from .tree import ChildRegistry
-from .view import MAX_RANKINGS, ViewRanking, candidates, power_of_two
+from .. import messages as m
+from .vocabulary import FromParent, Send, SendParent
+from .federation import PEER_PREFIX
+from .roles import MIN_BUDGET_S, child_budget_ms, discovery_budget
+from ..aggregators import make_aggregator
+from ..discovery import Done
+from ..fields import MAX_K, MAX_VIEW_MISSING
+from ..messages import MsgType
+from ..tree import ChildRegistry
+from ..view import MAX_RANKINGS, ViewRanking, candidates, power_of_two
 
 __all__ = ["VIEW_ASK_FIRST", "VIEW_ASK_MAX", "VIEW_ASK_MAX_S", "Discovering", "group_by_process"]
 
@@ -38,7 +38,7 @@ VIEW_ASK_MAX_S = 60.0
 #: names asked of one child in one HEARTBEAT_ACK (what a child accepts, core.fields)
 VIEW_ASK_MAX = MAX_VIEW_MISSING
 
-log = logging.getLogger("gridrpc.core.agent")     # the agent's one logger
+log = logging.getLogger("gridrpc.core.agent.machine")     # the agent's one logger
 
 
 def group_by_process(registry: ChildRegistry, names: list[str]) -> list[list[str]]:
@@ -65,7 +65,7 @@ class _Asking:
 
 
 class Discovering:
-    """The discovery and pushed-view transitions of :class:`~gridrpc.core.agent.AgentState`."""
+    """The discovery and pushed-view transitions of :class:`~gridrpc.core.agent.machine.AgentState`."""
 
     # -- pushed state ----------------------------------------------------------------
     def offers(self) -> tuple[dict, dict]:

@@ -1,17 +1,17 @@
-"""What an agent shows of itself (:mod:`gridrpc.core.agent`): the catalogue
+"""What an agent shows of itself (:mod:`gridrpc.core.agent.machine`): the catalogue
 (SERVICES requests), the flattened subtree sent to its parent and shown by
 ``/api/tree``, and its statistics.
 
-:class:`Catalogue` holds those methods; :class:`~gridrpc.core.agent.
+:class:`Catalogue` holds those methods; :class:`~gridrpc.core.agent.machine.
 AgentState` inherits them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import messages as m
-from .agent_events import Send
-from .messages import MsgType
+from .. import messages as m
+from .vocabulary import Send
+from ..messages import MsgType
 
 __all__ = ["AgentStatistics", "Catalogue"]
 
@@ -61,7 +61,7 @@ class Counters:
 
 
 class Catalogue:
-    """The catalogue, tree and statistics output of :class:`~gridrpc.core.agent.AgentState`."""
+    """The catalogue, tree and statistics output of :class:`~gridrpc.core.agent.machine.AgentState`."""
 
     def _on_services(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
         elements = self.elements(now)

@@ -1,6 +1,6 @@
 """A server's reply to a call, as the event the call machine takes (pure).
 
-Every driver of :class:`~gridrpc.core.call.CallMachine` (the asyncio and
+Every driver of :class:`~gridrpc.core.client_call.machine.CallMachine` (the asyncio and
 gevent clients through :class:`gridrpc.client.driver.CallDriver`, the cloud
 relay, the simulator's clients in :mod:`gridrpc.sim.client_node`) turns the
 replies of a SeD into machine events with these two functions, so the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .call_types import Accepted, CancelAck, Error, Malformed, Pong, Result
-from .messages import MsgType
+from .vocabulary import Accepted, CancelAck, Error, Malformed, Pong, Result
+from ..messages import MsgType
 
 __all__ = ["pong_events", "reply_event"]
 

@@ -1,5 +1,5 @@
 """Federation of master agents (DIET's Multi-MA), in the pure agent state
-machine (:mod:`gridrpc.core.agent`).
+machine (:mod:`gridrpc.core.agent.machine`).
 
 MAs of different trees (sites) are linked as *peers*: an MA's
 ``AgentConfig.peers`` lists them (the runtime keeps one connection per peer;
@@ -36,11 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import messages as m
-from .agent_events import FromPeer, SendPeer
-from .agent_roles import child_budget_ms
-from .discovery import Done
-from .messages import MsgType
+from .. import messages as m
+from .vocabulary import FromPeer, SendPeer
+from .roles import child_budget_ms
+from ..discovery import Done
+from ..messages import MsgType
 
 __all__ = ["Federating", "PEER_PREFIX", "MAX_PEER_HOPS"]
 
@@ -59,7 +59,7 @@ class _Forwarded:
 
 
 class Federating:
-    """The federation transitions of :class:`~gridrpc.core.agent.AgentState`
+    """The federation transitions of :class:`~gridrpc.core.agent.machine.AgentState`
     (state: ``config.peers``, ``config.peer_hops``, ``_forwarded``)."""
 
     def _hops_left(self, h: dict, user: str | None) -> int:

@@ -1,5 +1,5 @@
 """The SeD runtime's calls: receive, check, answer duplicates, queue, acknowledge, cancel, ping
-(running and answering them: :mod:`gridrpc.sed.calls_run`).
+(running and answering them: :mod:`gridrpc.sed.calls.run`).
 
 A mixin of :class:`~gridrpc.sed.server.SeD` (which owns the endpoint, the
 replicas, the call records ``lifecycle`` and the execution back-end). Every
@@ -16,21 +16,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..core import codec
-from ..core.sed_calls import ACK_SLOT, ack_delay
-from ..core import messages as m
-from ..core.events import EventKind
-from ..core.messages import MsgType
-from ..core.tally import tally
-from ..core.sed_calls import CallRecord, CallState, Expired, Fetch, Reacknowledge, Resend
-from ..core.sed_protocol import accepted_header, busy_error, call_replica, gone_error, not_owner_error
-from ..errors import GridRPCError, InvalidArgument, ProtocolError, wire_kind
-from ..transport.endpoint import Incoming
-from .calls_run import RunsMixin
-from .services import Service
+from ...core import codec
+from ...core.sed_calls import ACK_SLOT, ack_delay
+from ...core import messages as m
+from ...core.events import EventKind
+from ...core.messages import MsgType
+from ...core.tally import tally
+from ...core.sed_calls import CallRecord, CallState, Expired, Fetch, Reacknowledge, Resend
+from ...core.sed_protocol import accepted_header, busy_error, call_replica, gone_error, not_owner_error
+from ...errors import GridRPCError, InvalidArgument, ProtocolError, wire_kind
+from ...transport.endpoint import Incoming
+from .run import RunsMixin
+from ..services import Service
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import Replica
+    from ..server import Replica
 
 log = logging.getLogger("gridrpc.sed.server")
 

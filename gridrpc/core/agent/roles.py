@@ -1,13 +1,13 @@
 """What differs between agents, as data: the role (Master or Local) and the
-discovery budget rule (:mod:`gridrpc.core.agent`)."""
+discovery budget rule (:mod:`gridrpc.core.agent.machine`)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import messages as m
-from .discovery import Done
+from .. import messages as m
+from ..discovery import Done
 
 MIN_BUDGET_S, MAX_BUDGET_S = 0.01, 60.0      # bounds of one discovery's budget
 CHILD_SHARE, CHILD_MARGIN_MS, MIN_CHILD_BUDGET_MS = 0.8, 2.0, 5.0

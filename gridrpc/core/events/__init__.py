@@ -22,18 +22,18 @@ through :meth:`Event.from_dict` / :meth:`Event.from_json` /
 :func:`decode_events`, which check every field.
 
 Layout: the event, its kinds and validation are in
-:mod:`gridrpc.core.event_types`; sinks and the outbox in
-:mod:`gridrpc.core.event_outbox`; the log and its aggregates in
-:mod:`gridrpc.core.event_log`. Every name is importable from here.
+:mod:`gridrpc.core.events.event`; sinks and the outbox in
+:mod:`gridrpc.core.events.outbox`; the log and its aggregates in
+:mod:`gridrpc.core.events.log`. Every name is importable from here.
 """
 from __future__ import annotations
 
-from .event_log import EventLog, story_summary
-from .event_log import OTHER, quantile  # noqa: F401 - importable from here too
-from .event_outbox import EventOutbox, EventSink, NullSink
-from .event_types import (ERROR_KINDS, LATENCY_BOUNDS, OUTCOME, TERMINAL, Event, EventKind, InvalidEvent,
+from .log import EventLog, story_summary
+from .log import OTHER, quantile  # noqa: F401 - importable from here too
+from .outbox import EventOutbox, EventSink, NullSink
+from .event import (ERROR_KINDS, LATENCY_BOUNDS, OUTCOME, TERMINAL, Event, EventKind, InvalidEvent,
                           decode_events, make_event)
-from .event_types import (ID_RE, MAX_DETAIL, MAX_DURATION, MAX_TIME, NAME_RE, SERVICE_RE,  # noqa: F401
+from .event import (ID_RE, MAX_DETAIL, MAX_DURATION, MAX_TIME, NAME_RE, SERVICE_RE,  # noqa: F401
                           USER_RE)
 
 __all__ = ["EventKind", "Event", "make_event", "decode_events", "EventSink", "NullSink",

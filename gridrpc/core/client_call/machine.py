@@ -85,16 +85,16 @@ drivers turn them into :mod:`gridrpc.errors` exceptions with
 ``error_from_wire(err.to_wire(), server=err.server)``.
 
 Layout: the events, actions, :class:`CallPolicy` and :class:`CallError` are in
-:mod:`gridrpc.core.call_types`, the discovery and retry transitions in
-:mod:`gridrpc.core.call_retry`; every name is importable from here.
+:mod:`gridrpc.core.client_call.vocabulary`, the discovery and retry transitions in
+:mod:`gridrpc.core.client_call.rediscovery`; every name is importable from here.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Callable, Sequence
 
-from .call_retry import TRANSIENT_KINDS, Rediscovery
-from .call_types import (Abort, Accepted, CallError, CallPolicy, CallSent, Cancel, CancelAck, Discover, Discovered,
+from .rediscovery import TRANSIENT_KINDS, Rediscovery
+from .vocabulary import (Abort, Accepted, CallError, CallPolicy, CallSent, Cancel, CancelAck, Discover, Discovered,
                          DiscoveryFailed, Done, Error, Fail, FailOver, Malformed, Phase, Pong, Result, SendCall,
                          SendCancel, SendFailed, SendPing, Start, Target, Tick)
 

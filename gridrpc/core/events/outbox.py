@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable, Protocol
 
-from .event_types import Event
+from .event import Event
 
 __all__ = ["EventSink", "NullSink", "EventOutbox"]
 

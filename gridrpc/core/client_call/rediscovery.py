@@ -1,15 +1,15 @@
-"""Discovery and retries of the call machine (:mod:`gridrpc.core.call`).
+"""Discovery and retries of the call machine (:mod:`gridrpc.core.client_call.machine`).
 
 A machine built with ``discover=True`` and no candidates asks the agents for
-them (a :class:`~gridrpc.core.call_types.Discover` action) and, on a
+them (a :class:`~gridrpc.core.client_call.vocabulary.Discover` action) and, on a
 transient failure, discovers again after an exponential backoff until the
 call's deadline (or ``policy.retry_timeout`` after the start), each backoff
 shortened at random by up to ``policy.backoff_jitter`` (clients that failed
 together, e.g. when an MA died, do not come back together); the servers
 already given up on are left out of the next answer. The rules are drawn in
-:mod:`gridrpc.core.call`'s docstring.
+:mod:`gridrpc.core.client_call.machine`'s docstring.
 
-:class:`Rediscovery` holds those transitions; :class:`~gridrpc.core.call.
+:class:`Rediscovery` holds those transitions; :class:`~gridrpc.core.client_call.machine.
 CallMachine` inherits them (its ``__slots__`` hold the state used here:
 ``discover``, ``discoveries``, ``retry_at``, ``retry_until``, ``excluded``,
 ``last_error``).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from .call_types import CallError, Discover, Discovered, DiscoveryFailed, Phase
+from .vocabulary import CallError, Discover, Discovered, DiscoveryFailed, Phase
 
 __all__ = ["TRANSIENT_KINDS", "Rediscovery"]
 
@@ -31,7 +31,7 @@ TRANSIENT_KINDS = frozenset({"rebuilding", "communication", "no_server", "timeou
 
 
 class Rediscovery:
-    """The discovery and retry transitions of :class:`~gridrpc.core.call.CallMachine`."""
+    """The discovery and retry transitions of :class:`~gridrpc.core.client_call.machine.CallMachine`."""
 
     __slots__ = ()
 

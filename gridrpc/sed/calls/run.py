@@ -1,12 +1,12 @@
 """The SeD runtime's calls, second half: run them and answer them.
 
-:class:`RunsMixin` is the part of :class:`~gridrpc.sed.calls.CallsMixin`
+:class:`RunsMixin` is the part of :class:`~gridrpc.sed.calls.receive.CallsMixin`
 (and so of :class:`~gridrpc.sed.server.SeD`) that starts what the queues
 say (``Run``, ``Stop``, ``Drop`` of :mod:`gridrpc.core.sed_calls`) on the
 execution back-end, pauses the queues for the length of one read of the
 socket, answers each call when its run ends and emits the lifecycle events.
 How calls arrive, are acknowledged, cancelled and pinged is in
-:mod:`gridrpc.sed.calls`.
+:mod:`gridrpc.sed.calls.receive`.
 """
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
-from ..core import codec
-from ..core import messages as m
-from ..core.events import EventKind, make_event
-from ..core.messages import MsgType
-from ..core.tally import tally
-from ..core.sed_calls import CallState, Drop, Run, Stop
-from ..core.sed_protocol import drop_error, stop_error
-from ..errors import GridRPCError
-from ..files import read_file
-from .backends import Outcome
+from ...core import codec
+from ...core import messages as m
+from ...core.events import EventKind, make_event
+from ...core.messages import MsgType
+from ...core.tally import tally
+from ...core.sed_calls import CallState, Drop, Run, Stop
+from ...core.sed_protocol import drop_error, stop_error
+from ...errors import GridRPCError
+from ...files import read_file
+from ..backends import Outcome
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .calls import LiveCall
-    from .server import Replica
+    from .receive import LiveCall
+    from ..server import Replica
 
 log = logging.getLogger("gridrpc.sed.server")
 _RESULT = MsgType.RESULT.value

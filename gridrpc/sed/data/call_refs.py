@@ -1,11 +1,11 @@
-"""A call's data on the SeD (:mod:`gridrpc.sed.data`): a CALL whose
+"""A call's data on the SeD (:mod:`gridrpc.sed.data.store`): a CALL whose
 arguments hold references is acknowledged at once and its references are
 resolved before it is queued (it holds no execution slot meanwhile); a CALL
 with ``keep`` stores its result here and answers with the reference; the
 waiters of a result are woken, or told why it will not come.
 
 :class:`CallData` holds those hooks, called by the SeD's call runtime
-(:mod:`gridrpc.sed.calls`); :class:`~gridrpc.sed.data.SedData` inherits them
+(:mod:`gridrpc.sed.calls.receive`); :class:`~gridrpc.sed.data.store.SedData` inherits them
 and owns the state (``call_waiters``, ``resolving``, ``keeps``, ``pins``).
 
 The result of a call is its user's only: a ``data_get`` for it is refused to
@@ -21,13 +21,13 @@ import asyncio
 import time
 from typing import Any
 
-from ..core import codec
-from ..core import messages as m
-from ..core.datastore import Mode, parse_mode
-from ..core.messages import MsgType
-from ..core.refs import RefTag, find_refs, substitute
-from ..errors import DataAccessDenied, DataError, DataLost, InvalidArgument, wire_kind
-from .data_bytes import value_nbytes
+from ...core import codec
+from ...core import messages as m
+from ...core.datastore import Mode, parse_mode
+from ...core.messages import MsgType
+from ...core.refs import RefTag, find_refs, substitute
+from ...errors import DataAccessDenied, DataError, DataLost, InvalidArgument, wire_kind
+from .held_bytes import value_nbytes
 
 _RESULT = MsgType.RESULT.value
 
@@ -39,7 +39,7 @@ def not_yours(cid: str, user: str) -> DataAccessDenied:
 
 
 class CallData:
-    """The call hooks of :class:`~gridrpc.sed.data.SedData`."""
+    """The call hooks of :class:`~gridrpc.sed.data.store.SedData`."""
 
     def call_user(self, cid: str) -> str | None:
         """Whose result call ``cid``'s is (None: no such call known here)."""

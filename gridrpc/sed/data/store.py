@@ -21,9 +21,9 @@ this SeD names (``d<counter>.bin`` in its data directory; never a name from
 a message).
 
 Layout: this module holds the configuration, the state and the ``data_*``
-message handlers; where the bytes live is :mod:`gridrpc.sed.data_bytes`,
-fetching from other SeDs :mod:`gridrpc.sed.data_fetch`, a call's data
-:mod:`gridrpc.sed.data_calls`.
+message handlers; where the bytes live is :mod:`gridrpc.sed.data.held_bytes`,
+fetching from other SeDs :mod:`gridrpc.sed.data.fetch`, a call's data
+:mod:`gridrpc.sed.data.call_refs`.
 """
 from __future__ import annotations
 
@@ -33,21 +33,21 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..core import messages as m
-from ..core.datastore import DataStore, Mode, Where, parse_mode
-from ..core.messages import MsgType
-from ..core.refs import RefTag, fetch_bytes
-from ..core.tally import tally
-from ..errors import DataError, DataLost, ProtocolError, wire_kind
-from ..runtime.data_request import DataRequests
-from ..transport.channel import Channel
-from ..transport.endpoint import Incoming
-from .data_bytes import HeldBytes, nbytes, value_nbytes
-from .data_calls import CallData, not_yours
-from .data_fetch import Fetching, log
+from ...core import messages as m
+from ...core.datastore import DataStore, Mode, Where, parse_mode
+from ...core.messages import MsgType
+from ...core.refs import RefTag, fetch_bytes
+from ...core.tally import tally
+from ...errors import DataError, DataLost, ProtocolError, wire_kind
+from ...runtime.data_request import DataRequests
+from ...transport.channel import Channel
+from ...transport.endpoint import Incoming
+from .held_bytes import HeldBytes, nbytes, value_nbytes
+from .call_refs import CallData, not_yours
+from .fetch import Fetching, log
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .server import SeD
+    from ..server import SeD
 
 __all__ = ["DataConfig", "SedData", "requester"]
 
@@ -83,7 +83,7 @@ def requester(msg: Incoming) -> str:
     ownership check is :meth:`DataStore.check`). Without CURVE: the user
     name the request gives. With CURVE the authenticated identity wins
     (a SeD fetching for a call passes its caller's name in ``user``)."""
-    from .calls import message_user
+    from ..calls.receive import message_user
     return message_user(msg)      # the key's user; an element key (a SeD fetching for a call) speaks for its caller
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 import gridrpc
-from gridrpc.client.reuse import (MAX_ASK, MAX_KEPT, SATURATED_REUSE, ReusedAnswers, answer_key, ask_again, ask_for,
-                                  load, server_failed)
+from gridrpc.client.reuse import (MAX_ASK, MAX_KEPT, SATURATED_REUSE, SHOWN_MEMORY, ReusedAnswers, answer_key,
+                                  ask_again, ask_for, load, server_failed)
 from gridrpc.core.discovery import CHOICE_MEMORY
 from gridrpc.core.messages import MsgType
 from gridrpc.master_agent import MasterAgent
@@ -154,8 +154,10 @@ def test_calls_that_ended_lately_explain_what_the_estimation_still_shows():
     r = ReusedAnswers(1.0)
     answer = [E("a", est(0, 1, 1)), E("b", est(0)), E("c", est(0, 1, 1))]
     r.started("a")
+    r.chose("a")                                              # each sequential call asked the MA
     r.ended("a", now=10.0)
     r.started("c")
+    r.chose("c")
     r.ended("c", now=10.2)
     assert r.recent("a", 10.5) == 1 and r.recent("zzz", 10.5) == 0
     assert not r.saturated(answer, 10.5) and r.free(answer, 10.5)
@@ -188,13 +190,15 @@ def test_the_calls_made_from_a_kept_answer_do_not_explain_what_it_showed():
 
 
 def test_a_saturated_answer_serves_past_the_window_while_the_client_calls_back_to_back():
-    """An answer that showed every server full serves a client calling back
-    to back up to SATURATED_REUSE after it came, least loaded first; not a
-    client that paused, not once a server is free by the count, not later."""
+    """An answer that showed every server full serves a client calling one
+    call at a time back to back up to SATURATED_REUSE after it came, least
+    loaded first; not a burst (a call of its own in flight), not a client
+    that paused, not once a server is free by the count, not later."""
     r = ReusedAnswers(0.01)
     r.keep("k", [E("a", est(1, 1, 2)), E("b", est(1, 1, 1))], 0.0)
     r.started("x")                                     # a call of ours elsewhere: a queues behind 3, b 2
-    assert names(r.take("k", 0.02)) == ["b", "a"]
+    assert names(r.take("k", 0.005)) == ["b", "a"]     # within the window: least loaded first
+    assert r.take("k", 0.02) is None and "k" not in r.kept     # past it, with a call in flight: ask the MA
     r = ReusedAnswers(0.01)
     answer = [E("a", est(1, 1, 2)), E("b", est(1, 1, 1))]
     r.keep("k", answer, 0.0)
@@ -213,7 +217,7 @@ def test_a_saturated_answer_serves_past_the_window_while_the_client_calls_back_t
     assert r.take("k", SATURATED_REUSE + 0.001) is None and "k" not in r.kept   # too old
     r.keep("k", answer, 10.0)
     r.ended("b", now=10.002)
-    assert not r.calling(10.5) and r.take("k", 10.5) is None and "k" not in r.kept   # paused: ask the MA
+    assert not r.one_after_another(10.5) and r.take("k", 10.5) is None and "k" not in r.kept   # paused: ask the MA
     r.started("a")                                     # a call of ours on a, shown by the next answer
     r.keep("k", [E("a", est(1)), E("b", est(1))], 20.0)
     assert r.kept["k"][2] is True                      # a: our call, b: another's
@@ -245,7 +249,28 @@ def test_a_call_is_counted_where_it_went():
     r.moved("a", "b")                                          # a busy probe passed it on
     assert r.in_flight == {"b": 1}
     r.ended("b", now=1.0)
-    assert r.in_flight == {} and r.recent("b", 1.5) == 1
+    assert r.in_flight == {} and r.recent("b", 1.1) == 1
+    r.started("a")
+    r.chose("a")                                               # the MA's choice, passed on: its mark too
+    r.moved("a", "c")
+    r.ended("c", now=2.0)
+    assert r.choices == {} and r.recent("c", 2.5) == 1
+
+
+def test_a_call_from_a_kept_answer_is_remembered_as_long_as_pushes_may_show_it():
+    """A call seated from a kept answer was never the MA's choice: its
+    server's pushes show it for SHOWN_MEMORY at most after it ended, not the
+    MA's CHOICE_MEMORY (counted for a whole second, a client calling back to
+    back explained every call a server showed by its own, and took full
+    servers for free ones)."""
+    r = ReusedAnswers(0.01)
+    for i in range(20):
+        r.started("a")
+        r.ended("a", now=i * 0.02)
+    last = 19 * 0.02
+    assert r.recent("a", last) == sum(1 for i in range(20) if i * 0.02 >= last - SHOWN_MEMORY)
+    assert r.recent("a", last + SHOWN_MEMORY + 0.001) == 0 and "a" not in r.ended_at
+    assert SHOWN_MEMORY < CHOICE_MEMORY
 
 
 def test_calls_waiting_together_ask_for_a_server_each_and_one_per_server_taken():

@@ -14,8 +14,9 @@ So that the calls made from one answer do not all land on its first server,
 the answer is ranked again for every call by each server's load (``load``),
 per slot, ties in the MA's order: this client's calls in flight there, plus
 the calls the answer's estimation showed that this client's own recent
-calls there (in flight, or ended within the MA's choice memory, when the
-answer came: ``mine``) do not explain. The calls this client makes from the
+calls there (in flight, or ended lately: within ``SHOWN_MEMORY``, or the
+MA's choice memory for a call that asked the MA; when the answer came:
+``mine``) do not explain. The calls this client makes from the
 answer are not among them: counted when the answer came, a server's load
 does not fall as this client's calls from the answer end there (it would
 look free after a few calls of a window, and the next one would probe a
@@ -34,9 +35,10 @@ answer showed no free slot when it came (the tree is saturated: the MA
 could only name queues too); the calls then queue on its servers, least
 loaded first, so that N calls on M full single-slot servers put at most
 ceil(N/M) on each. Such a saturated answer also serves past the window, up
-to ``SATURATED_REUSE`` after it came, a client that calls back to back (a
-call in flight, or one that ended within the window) while, by that count,
-every server of it is still full: a free slot is taken within milliseconds,
+to ``SATURATED_REUSE`` after it came, a client that calls one call at a
+time back to back (none in flight, the last ended within the window) while,
+by that count, every server of it is still full (a burst asks the MA, whose
+view may show slots the old answer did not): a free slot is taken within milliseconds,
 so an answer's free servers are trusted for the window only, while the
 queues of a saturated tree change slowly and its calls would all queue
 anyway, while a DISCOVER costs the MA and the client more CPU than a
@@ -77,6 +79,7 @@ import orjson
 
 from ..core.client_call.vocabulary import Fail
 from ..core.discovery import CHOICE_MEMORY
+from ..core.view import SLOW_PUSH_INTERVAL
 from ..core.tally import tally
 
 __all__ = ["ReusedAnswers", "MAX_KEPT", "MAX_ASK", "SATURATED_REUSE", "FORGET_KINDS", "load", "ask_for",
@@ -94,9 +97,13 @@ MAX_KEPT = 256
 MAX_ASK = 16
 
 #: seconds after it came that an answer which showed no free slot (a saturated tree) serves, past the
-#: window, a client calling back to back while every server of it stays full by the client's count
+#: window, a client calling one call at a time back to back while every server of it stays full by the client's count
 #: (``ReusedAnswers.take``); the MA's choice memory (``CHOICE_MEMORY``) has the same length
 SATURATED_REUSE = 1.0
+#: seconds after it ended that this client's call may still be shown in a server's estimation: the
+#: server coalesces its pushes over ``SLOW_PUSH_INTERVAL`` under load, its agents do the same on the
+#: way up; three of those cover the way to the MA and its answer
+SHOWN_MEMORY = 3 * SLOW_PUSH_INTERVAL
 
 
 def ask_for(k: int, calls: int, taken: int = 0) -> int:
@@ -169,7 +176,8 @@ class ReusedAnswers:
     MA's answers and the servers' coalesced pushes may still show).
     ``now``: the caller's clock; left out, ended calls are not counted."""
 
-    __slots__ = ("window", "saturated_window", "kept", "in_flight", "ended_at", "last_end", "reused", "asked",
+    __slots__ = ("window", "saturated_window", "kept", "in_flight", "choices", "ended_at", "chosen_at", "last_end",
+                 "reused", "asked",
                  "_last")
 
     def __init__(self, window: float) -> None:
@@ -180,7 +188,9 @@ class ReusedAnswers:
         # key -> (when, servers, saturated, mine: this client's calls per server that the answer may show)
         self.kept: dict[Hashable, tuple[float, list, bool, dict]] = {}
         self.in_flight: dict[str, int] = {}
+        self.choices: dict[str, int] = {}       # calls in flight per server that took the MA's first choice
         self.ended_at: dict[str, deque] = {}    # server -> when this client's calls there ended, oldest first
+        self.chosen_at: dict[str, deque] = {}   # the same for the calls that took the MA's first choice
         self.last_end = -math.inf   # when this client's last call ended (any server)
         self.reused = 0             # calls that took a kept answer
         self.asked = 0              # answers kept
@@ -192,7 +202,8 @@ class ReusedAnswers:
         now), or no free slot left on its servers by this client's count
         while the answer showed one (``fits``: the MA knows other servers).
         A saturated answer serves past the window, up to ``SATURATED_REUSE``,
-        while this client calls back to back (``calling``) and every server
+        while this client calls one call at a time back to back
+        (``one_after_another``) and every server
         of it is full by the count (``free``)."""
         got = self.kept.get(key)
         if got is None:
@@ -200,7 +211,7 @@ class ReusedAnswers:
         at, servers, saturated, mine = got
         age = now - at
         if now < at or age > self.window and not (saturated and age <= self.saturated_window
-                                                  and self.calling(now)):
+                                                  and self.one_after_another(now)):
             del self.kept[key]
             return None
         ranked = self.rerank(servers, now, mine)
@@ -213,10 +224,14 @@ class ReusedAnswers:
         self.reused += 1
         return ranked
 
-    def calling(self, now: float) -> bool:
-        """Whether this client calls back to back: a call in flight, or one
-        that ended within the window before ``now``."""
-        return bool(self.in_flight) or now - self.last_end <= self.window
+    def one_after_another(self, now: float) -> bool:
+        """Whether this client calls one call at a time, back to back: none
+        in flight, the last one ended within the window before ``now``. A
+        burst (calls in flight) does not take a saturated answer past the
+        window: it asks the MA, whose view may show slots the old answer
+        did not, so its calls spread instead of queueing where that answer
+        showed the shortest queues."""
+        return not self.in_flight and now - self.last_end <= self.window
 
     def load(self, server: Any, now: float | None = None, mine: dict | None = None) -> float:
         """``load`` of ``server`` by this client's count (``mine``: the
@@ -234,17 +249,14 @@ class ReusedAnswers:
         return {s.name: flying.get(s.name, 0) + self.recent(s.name, now) for s in servers}
 
     def recent(self, name: str, now: float) -> int:
-        """This client's calls on ``name`` that ended within ``CHOICE_MEMORY`` before ``now``."""
-        times = self.ended_at.get(name)
-        if times is None:
-            return 0
-        horizon = now - CHOICE_MEMORY
-        while times and times[0] < horizon:
-            times.popleft()
-        if not times:
-            del self.ended_at[name]
-            return 0
-        return len(times)
+        """This client's calls on ``name`` that its server's pushes or the
+        MA may still show: those that ended within ``SHOWN_MEMORY`` before
+        ``now``, and those that took the MA's first choice and ended within
+        ``CHOICE_MEMORY`` (the MA shows its choice as a waiting call until a
+        newer snapshot of that server comes, which a short call may never
+        cause)."""
+        return (_within(self.ended_at, name, now - SHOWN_MEMORY)
+                + _within(self.chosen_at, name, now - CHOICE_MEMORY))
 
     def fits(self, ranked: Sequence[Any], saturated: bool, now: float | None = None) -> bool:
         """Whether an answer ranked for this call (``rerank``) serves it: its
@@ -323,6 +335,8 @@ class ReusedAnswers:
                 again.append((f, own))          # the answer's servers are taken by the calls before
                 continue
             seat(f, ranked)
+            if f is asker and ranked:
+                self.chose(ranked[0].name)
         return again
 
     def answered(self, key: Hashable | None, servers: Sequence[Any], from_view: bool, now: float) -> list:
@@ -342,27 +356,47 @@ class ReusedAnswers:
     def started(self, name: str) -> None:
         tally(self.in_flight, name, 1)
 
+    def chose(self, name: str) -> None:
+        """The call in flight on ``name`` is the one that asked the MA: its
+        end is remembered for ``CHOICE_MEMORY``, not ``SHOWN_MEMORY``."""
+        tally(self.choices, name, 1)
+
     def moved(self, old: str, new: str) -> None:
         """A call counted on ``old`` was sent to ``new`` instead (a busy
         probe passed it on, or a failover): counted there now."""
         tally(self.in_flight, old, -1)
         tally(self.in_flight, new, 1)
+        if self.choices.get(old, 0) > 0:
+            tally(self.choices, old, -1)
+            tally(self.choices, new, 1)
 
     def ended(self, name: str, failed: bool = False, now: float | None = None) -> None:
         """A call on ``name`` ended (``failed``: for a server's or the
         network's reason: every kept answer is forgotten)."""
         tally(self.in_flight, name, -1)
+        chosen = self.choices.get(name, 0) > 0
+        if chosen:
+            tally(self.choices, name, -1)
         if now is not None:
             self.last_end = now
-            times = self.ended_at.get(name)
-            if times is None:
-                times = self.ended_at[name] = deque()
-            horizon = now - CHOICE_MEMORY
-            while times and times[0] < horizon:     # only the last CHOICE_MEMORY s, whoever asks
-                times.popleft()
-            times.append(now)
+            book, memory = (self.chosen_at, CHOICE_MEMORY) if chosen else (self.ended_at, SHOWN_MEMORY)
+            _within(book, name, now - memory)       # drop what is too old to be shown, whoever asks
+            book.setdefault(name, deque()).append(now)
         if failed:
             self.kept.clear()
 
     def forget(self) -> None:
         self.kept.clear()
+
+
+def _within(book: dict, name: str, horizon: float) -> int:
+    """How many times of ``book[name]`` are at or after ``horizon``; older ones are dropped."""
+    times = book.get(name)
+    if times is None:
+        return 0
+    while times and times[0] < horizon:
+        times.popleft()
+    if not times:
+        del book[name]
+        return 0
+    return len(times)

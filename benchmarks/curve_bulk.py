@@ -5,7 +5,9 @@ then the secure one: on a machine shared with other work the load moves
 between the two phases and the ratio with it. Here a plain tree and a secure
 tree (MA -> sed-1 each, real processes) run together and the two clients
 alternate calls one by one, so both see the same load; the CPU each side
-spends per call (client, SeD with its workers) comes with it.
+spends per call (client, SeD with its workers) comes with it. Each round then
+does the same for data references: ``client.put`` of the array to the SeD and
+``client.get`` of it back (one put+get per step, the two trees alternating).
 
     python -m benchmarks.curve_bulk [--calls 40] [--rounds 3] [--mb 8]
 """
@@ -66,7 +68,46 @@ async def _round(plain, secure, calls: int, nbytes: int) -> dict:
                 cpu[k][0] += c1.user + c1.system - c0.user - c0.system
                 cpu[k][1] += s1 - s0
                 assert back.shape == a.shape and back[-1] == a[-1]
-    out = {}
+    return _summary(times, cpu, calls, nbytes)
+
+
+async def _put_get_round(plain, secure, calls: int, nbytes: int) -> dict:
+    """One put and one get of the array per step and tree, the trees alternating."""
+    (pa, pkw, psed), (sa, skw, ssed) = plain, secure
+    async with gridrpc.AsyncClient(pa, **pkw) as pc, gridrpc.AsyncClient(sa, **skw) as sc:
+        clients = {"plain": (pc, await pc.resolve("sed-1")), "curve": (sc, await sc.resolve("sed-1"))}
+        seds = {"plain": psed, "curve": ssed}
+        a = np.random.default_rng(1).random(nbytes // 8)
+
+        async def put_get(c, srv):
+            ref = await c.put(a, server=srv)
+            back = await c.get(ref)
+            return ref, back
+        for _ in range(3):              # the secure client's first large put opens its bulk session
+            for c, srv in clients.values():
+                ref, _ = await put_get(c, srv)
+                await c.free(ref)
+        times: dict = {k: [] for k in clients}
+        cpu = {k: [0.0, 0.0] for k in clients}
+        me = psutil.Process()
+        for _ in range(calls):
+            for k, (c, srv) in clients.items():
+                c0, s0, t0 = me.cpu_times(), _cpu(seds[k]), time.perf_counter()
+                ref, back = await put_get(c, srv)
+                times[k].append(time.perf_counter() - t0)
+                c1, s1 = me.cpu_times(), _cpu(seds[k])
+                cpu[k][0] += c1.user + c1.system - c0.user - c0.system
+                cpu[k][1] += s1 - s0
+                assert back.shape == a.shape and back[-1] == a[-1]
+                await c.free(ref)
+        stats = sc.data.bulk.stats
+        out = _summary(times, cpu, calls, nbytes)
+        out["sealed_mb"] = (stats["sent_bytes"] + stats["received_bytes"]) / 2 ** 20
+        return out
+
+
+def _summary(times: dict, cpu: dict, calls: int, nbytes: int) -> dict:
+    out: dict = {}
     for k, ts in times.items():
         ts.sort()
         med = ts[len(ts) // 2]
@@ -79,7 +120,7 @@ async def _round(plain, secure, calls: int, nbytes: int) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--calls", type=int, default=40, help="steps per round (echo calls, then put+get pairs)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mb", type=int, default=8)
     a = p.parse_args(argv)
@@ -93,6 +134,14 @@ def main(argv=None) -> None:
                   f"{cu['min_ms']:.1f}): {res['ratio_median']:.2f}x (min {res['ratio_min']:.2f}x); CPU ms per "
                   f"call client {pl['client_cpu_ms']:.1f} -> {cu['client_cpu_ms']:.1f}, SeD+workers "
                   f"{pl['sed_cpu_ms']:.1f} -> {cu['sed_cpu_ms']:.1f}", flush=True)
+            res = asyncio.run(_put_get_round(plain, secure, a.calls, a.mb << 20))
+            pl, cu = res["plain"], res["curve"]
+            print(f"round {r + 1} put+get: plain {pl['median_ms']:.1f} ms ({pl['gb_per_s']:.2f} GB/s, min "
+                  f"{pl['min_ms']:.1f}), CURVE {cu['median_ms']:.1f} ms ({cu['gb_per_s']:.2f} GB/s, min "
+                  f"{cu['min_ms']:.1f}): {res['ratio_median']:.2f}x (min {res['ratio_min']:.2f}x); CPU ms per "
+                  f"put+get client {pl['client_cpu_ms']:.1f} -> {cu['client_cpu_ms']:.1f}, SeD+workers "
+                  f"{pl['sed_cpu_ms']:.1f} -> {cu['sed_cpu_ms']:.1f}; {res['sealed_mb']:.0f} MB sealed through "
+                  "the data session", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ backend under test): ``scheduler``, ``env``, ``nodes``, ``total_cpus``,
 ``marker_option(word)`` / ``job_has_marker(id, word)`` (a submit option the
 test can find again), ``admin_cancel(id)``, ``block()`` (a foreign job
 holding every CPU), ``expire(id)`` (bring a running job's time limit
-forward, where the scheduler allows it), ``cancel_all()``; and the words its
-errors use: ``refused_word`` (the submit command), ``timeout_words``,
-``cancel_words``, ``bad_queue_words``, ``short_walltime`` (the shortest
-walltime a time-limit test can use); ``rerun_allowed(id)``: may the scheduler
-run the job again on its own (True, False, None: the queue's default).
+forward, where the scheduler allows it), ``cancel_all()``;
+``node_failure(id)`` (a context manager: the node running the job fails the
+way the scheduler sees a failed node, and is back at the exit) and
+``ended_by_node_failure(id)`` (the job ended for it and is neither pending
+nor running again); and the words its errors use: ``refused_word`` (the
+submit command), ``timeout_words``, ``cancel_words``, ``bad_queue_words``,
+``node_failure_words``, ``short_walltime`` (the shortest walltime a
+time-limit test can use); ``rerun_allowed(id)``: may the scheduler run the
+job again on its own (True, False, None: the queue's default).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -40,6 +45,7 @@ class SlurmCluster(PrivateSlurm):
     timeout_words = ("TIMEOUT", "TimeLimit")
     cancel_words = ("CANCELLED",)
     bad_queue_words = "invalid partition"
+    node_failure_words = ("NODE_FAIL",)
     short_walltime = 60          # whole minutes; expire() brings the end forward
 
     @property
@@ -94,6 +100,23 @@ class SlurmCluster(PrivateSlurm):
         """slurmctld's time-limit check (every 30 s) then ends the job
         TIMEOUT/TimeLimit, the same path as at its real limit."""
         self.run(["scontrol", "update", f"JobId={job_id}", "EndTime=now"])
+
+    @contextlib.contextmanager
+    def node_failure(self, job_id: str):
+        """The node is marked DOWN (as slurmctld does when slurmd stops
+        answering): Slurm kills its jobs, ends them NODE_FAIL and requeues
+        those that allow it; RESUME at the exit."""
+        self.run(["scontrol", "update", f"NodeName={self.node_name}", "State=DOWN", "Reason=gridrpc-test"])
+        try:
+            yield
+        finally:
+            self.run(["scontrol", "update", f"NodeName={self.node_name}", "State=RESUME"], check=False)
+            wait_until(lambda: "idle" in self.run(["sinfo", "-h", "-n", self.node_name, "-o", "%T"]).stdout,
+                       30, "the node back")
+
+    def ended_by_node_failure(self, job_id: str) -> bool:
+        """NODE_FAIL, the job's final state (a requeued job is PENDING again)."""
+        return self._squeue(job_id).startswith("NODE_FAIL")
 
     def block(self, cpus: int | None = None, minutes: int = 10) -> str:
         jid = self.run(["sbatch", "--parsable", f"--cpus-per-task={cpus or self.cpus}", f"--time={minutes}",

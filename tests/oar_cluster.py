@@ -31,6 +31,7 @@ PostgreSQL and sshd listen on 127.0.0.1 only.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import json
@@ -69,6 +70,7 @@ class PrivateOar:
     timeout_words = ("WALLTIME",)
     cancel_words = ("FRAG_JOB_REQUEST", "requested to frag the job")
     bad_queue_words = "does not exist"
+    node_failure_words = ("FRAG_JOB_REQUEST", "localhost (Dead)")
     short_walltime = 5
 
     def __init__(self, cpus: int = 8, start_timeout: float = 60.0):
@@ -149,6 +151,33 @@ class PrivateOar:
 
     def expire(self, job_id: str) -> None:
         """Nothing to do: a 5 s walltime is enforced as it is."""
+
+    def _node_states(self) -> set[str]:
+        out = self.run(["oarnodes", "-J"]).stdout
+        return {r.get("state") for r in json.loads(out).values()} if out.strip() else set()
+
+    @contextlib.contextmanager
+    def node_failure(self, job_id: str):
+        """The job's node turns ``Dead`` (what OAR's ``sarko`` makes of a node
+        Suspected for too long; here ``oarnodesetting -s Dead``): OAR frags
+        (kills) its jobs; ``Alive`` again at the exit."""
+        hosts = self.job(job_id).get("assigned_network_address") or ["localhost"]
+        for host in hosts:
+            self.run(["oarnodesetting", "-s", "Dead", "-h", host])
+        try:
+            yield
+        finally:
+            for host in hosts:
+                self.run(["oarnodesetting", "-s", "Alive", "-h", host], check=False)
+            _wait(lambda: self._node_states() == {"Alive"}, 30, "the node Alive again")
+
+    def ended_by_node_failure(self, job_id: str) -> bool:
+        """Fragged (state ``Error``), and no job of OAR's runs or waits: OAR
+        resubmits a job it runs again under a new id."""
+        out = self.run(["oarstat", "-J"], check=False).stdout
+        live = json.loads(out) if out.strip() else {}
+        return self.job(job_id).get("state") == "Error" and "FRAG_JOB_REQUEST" in self._events(job_id) \
+            and not live
 
     def block(self, cpus: int | None = None, minutes: int = 10) -> str:
         """A foreign job holding every resource: later jobs wait."""

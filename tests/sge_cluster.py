@@ -23,6 +23,7 @@ The cluster also answers the questions the scheduler-neutral batch tests ask
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -33,7 +34,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.daemon_procs import free_port, kill_all, marked_processes
+from tests.daemon_procs import free_port, kill_all, marked_processes, proc_stat
 
 __all__ = ["PrivateSge", "SgeClusterError", "sge_installed"]
 
@@ -116,6 +117,7 @@ class PrivateSge:
     timeout_words = ("failed 37", "h_rt")
     cancel_words = ("failed 100", "SIGKILL")
     bad_queue_words = "unknown queue"
+    node_failure_words = ("failed 19", "before writing exit_status")
     short_walltime = 5              # h_rt is in seconds: no need to bring the end forward
 
     def __init__(self, workdir: str | os.PathLike, name: str = "s1", slots: int = 8,
@@ -218,6 +220,31 @@ class PrivateSge:
 
     def expire(self, job_id: str) -> None:
         """Nothing to do: a short h_rt is enforced as it is."""
+
+    @contextlib.contextmanager
+    def node_failure(self, job_id: str):
+        """The host crashes and boots again: its sge_execd, the shepherds
+        and the jobs below them are killed (SIGKILL), then sge_execd starts
+        again, finds the job's shepherd gone without an exit status and
+        reports the job ended (``failed 19``)."""
+        execd = self._pid("execd")
+        assert execd is not None, "no sge_execd"
+        kill_all([*self._job_processes(), execd], signal.SIGKILL)
+
+        def down() -> bool:
+            return not self._job_processes() and (proc_stat(execd) or ("Z",))[0] in "ZX"
+        _wait(down, 10, "the host's processes gone")
+        self._daemon("/usr/sbin/sge_execd")
+        try:
+            yield
+        finally:
+            _wait(self._ready, self.start_timeout, "the execution host back", self._log)
+
+    def ended_by_node_failure(self, job_id: str) -> bool:
+        """Gone from the queue (Grid Engine reruns a job under the same id),
+        with one accounting record, ``failed 19``."""
+        records = re.findall(r"^failed\s+(\d+)", self.accounting(job_id), re.M)
+        return self._live_state(job_id) is None and records == ["19"]
 
     def block(self, cpus: int | None = None, minutes: int = 10) -> str:
         """A foreign job holding every slot: later jobs pend."""

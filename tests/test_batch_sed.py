@@ -8,7 +8,7 @@ wait has a deadline. The tests that hold for any scheduler run once per
 scheduler (``test_x[slurm]``, ``test_x[sge]``, ``test_x[oar]``; one private
 cluster per scheduler for the module); the Slurm-specific ones (start
 estimates, two clusters, CURVE) run on the 2-CPU Slurm clusters of
-tests/conftest_slurm.py, the restart on Slurm and Grid Engine. ``bcluster`` advertises 8 CPUs on this machine's cores (Slurm:
+tests/conftest_slurm.py. ``bcluster`` advertises 8 CPUs on this machine's cores (Slurm:
 ``SlurmdParameters=config_overrides``; Grid Engine: 8 slots; OAR: 8
 resources) so that many short jobs run a few at a time; the second Slurm
 cluster (``slurm_cluster2``) has 2.
@@ -43,14 +43,6 @@ pytestmark = [pytest.mark.real]
 SCHEDULERS = [pytest.param("slurm", marks=pytest.mark.slurm), pytest.param("sge", marks=pytest.mark.sge),
               pytest.param("oar", marks=pytest.mark.oar)]
 
-
-def only(*names):
-    """Run a test on the first schedulers' clusters only (a prefix of
-    SCHEDULERS: pytest groups the tests by the index of the parameter, so a
-    subset must keep the indices, or it restarts the clusters)."""
-    params = SCHEDULERS[:len(names)]
-    assert [p.values[0] for p in params] == list(names), names
-    return pytest.mark.parametrize("bcluster", params, indirect=True)
 
 SERVICES = {s: f"gridrpc.examples.services:{s}" for s in ("add", "sleep", "echo", "fail")}
 SERVICES["job_info"] = "gridrpc.sed.batch.services:job_info"
@@ -238,7 +230,6 @@ def _alive(pid: int) -> bool:
     return st[0] not in "ZX"
 
 
-@only("slurm", "sge")
 def test_restart_with_jobs_in_flight_loses_nothing(cluster, tmp_path):
     """Stop the SeD while one job runs and one is about to end; restart it 6 s
     later on the same address (longer than the client's ping_timeout: the
@@ -405,28 +396,31 @@ def test_a_non_idempotent_call_is_never_run_again_by_the_scheduler(cluster, tmp_
         assert once.cancel()
 
 
-@only("slurm")
-def test_slurm_node_failure_ends_a_non_idempotent_call_instead_of_requeueing_it(cluster, tmp_path):
-    """The node running a non-idempotent call's job fails (an admin marks it
-    DOWN: Slurm kills its jobs and would requeue them): the call fails at
-    once naming the job and the node failure; the job is not run again."""
-    node = cluster.node_name
+def test_node_failure_ends_a_non_idempotent_call_instead_of_running_it_again(cluster, tmp_path):
+    """The node running a non-idempotent call's job fails the way its
+    scheduler sees a failed node (Slurm: the node DOWN, which kills its jobs
+    and would requeue them; Grid Engine: the host crashes -- execd, shepherd
+    and job killed -- and its execd starts again; OAR: the node Dead, which
+    frags its jobs): the call fails with BatchNodeFailure naming the job and
+    the scheduler's own words, and the job is not run again once the node
+    is back."""
     with running_sed(cluster, tmp_path / "shared") as sed, client() as c:
         once = c.submit("sleep_once", 300, server=addr(sed))
-        job = job_of(sed, once.id, "running")["job_id"]
-        cluster.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=gridrpc-test"])
-        try:
+        job = job_of(sed, once.id, "running")
+        job_id = job["job_id"]
+        wait_until((Path(job["dir"]) / "started.json").exists, 30, "the service to start")
+        with cluster.node_failure(job_id):
             with pytest.raises(gridrpc.RemoteError) as exc:
-                once.result(timeout=60)
-            assert exc.value.remote_type == "BatchNodeFailure", exc.value
-            assert f"batch job {job} of sleep_once" in str(exc.value), exc.value
-            assert cluster.rerun_allowed(job) is False
-        finally:
-            cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
-        wait_until(lambda: "idle" in cluster.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout, 30,
-                   "the node back")
-        state = cluster.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False).stdout.strip()
-        assert state == "NODE_FAIL", state                    # ended, not requeued
+                once.result(timeout=90)
+        err = exc.value
+        assert err.remote_type == "BatchNodeFailure", err
+        assert f"batch job {job_id} of sleep_once was lost to a node failure ({cluster.scheduler} state" \
+            in str(err), err
+        assert all(word in str(err) for word in cluster.node_failure_words), str(err)
+        wait_until(lambda: cluster.ended_by_node_failure(job_id), 30, "the job's end")
+        time.sleep(3)                         # the node is back: time to requeue or rerun, if it would
+        assert cluster.ended_by_node_failure(job_id), "the job ran again"
+        assert sed.batch_stats["submitted"] == 1 and sed.batch_stats["failed"] == 1
 
 
 def _cli_options(cluster) -> list[str]:

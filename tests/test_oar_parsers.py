@@ -8,8 +8,8 @@ import pytest
 
 from gridrpc.sed.batch import JobSpec, JobState, OarBackend, get_scheduler, make_backend
 from gridrpc.sed.batch.oar import oarsub_options, render_job_script, resource_request
-from gridrpc.sed.batch.oar_parsers import (decode_wait_status, format_walltime, oar_job_info, oar_state,
-                                           parse_oarnodes, parse_oarstat, parse_oarsub, parse_queues,
+from gridrpc.sed.batch.oar_parsers import (decode_wait_status, down_nodes, format_walltime, oar_job_info,
+                                           oar_state, parse_oarnodes, parse_oarstat, parse_oarsub, parse_queues,
                                            summarize_resources)
 
 # oarstat -fJ -j 1 -j 2 -j 3 -j 4: 1 ran "exit 3"; 2 was killed at its 3 s walltime; 3 was
@@ -244,6 +244,28 @@ def test_ends_of_jobs():
     waiting = jobs["4"]
     assert waiting.state is JobState.CANCELLED and waiting.start_time is None and waiting.node_list == ()
     assert all(j.state.is_final for j in jobs.values())
+
+
+def test_a_job_fragged_while_its_node_is_down_was_lost_to_the_node():
+    """OAR frags the jobs of a node that turns Dead or Absent with the same
+    FRAG_JOB_REQUEST event as an oardel: the state of the job's resources
+    (oarnodes -J) tells them apart."""
+    jobs = parse_oarstat(OARSTAT_ENDED)
+    resources = parse_oarnodes(OARNODES)
+    assert oar_job_info(jobs["3"], resources).state is JobState.CANCELLED      # its node is Alive
+    dead = [{**r, "state": "Dead"} if r["resource_id"] == 2 else r for r in resources]
+    assert down_nodes(jobs["3"], dead) == ["localhost (Dead)"] and down_nodes(jobs["1"], dead) == []
+    lost = oar_job_info(jobs["3"], dead)
+    assert lost.state is JobState.NODE_FAIL and lost.node_list == ("localhost",)
+    assert lost.reason == "FRAG_JOB_REQUEST: User root requested to frag the job 3; node localhost (Dead)"
+    absent = [{**r, "state": "Absent"} for r in resources]
+    assert oar_job_info(jobs["3"], absent).reason.endswith("; node localhost (Absent)")
+    assert oar_job_info(jobs["4"], absent).state is JobState.CANCELLED         # never ran: no node
+    assert oar_job_info(jobs["2"], absent).state is JobState.TIMEOUT           # its walltime came first
+    assert oar_job_info(jobs["1"], absent).state is JobState.FAILED
+    state, reason = oar_state("Error", None, [("FRAG_JOB_REQUEST", "User root requested to frag the job 5"),
+                                              ("BESTEFFORT_KILL", "[oar_meta_sched] kill the besteffort job 5")])
+    assert state is JobState.PREEMPTED and reason == "BESTEFFORT_KILL: [oar_meta_sched] kill the besteffort job 5"
 
 
 def test_live_jobs_and_the_schedulers_start_estimate():

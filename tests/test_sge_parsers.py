@@ -190,6 +190,23 @@ ru_wallclock 2s
 category     NONE
 """
 
+# qacct -j 1: a running job's host crashed (execd, shepherd and job killed) and its execd started again
+QACCT_HOST_CRASH = """==============================================================
+qname        all.q               
+hostname     vm                  
+jobname      t                   
+jobnumber    1                   
+account      sge                 
+start_time   -/-
+end_time     -/-
+granted_pe   NONE                
+slots        1                   
+failed       19  : before writing exit_status
+exit_status  0                   
+ru_wallclock 0s
+category     NONE
+"""
+
 # qstat -j 1 (a job in error state)
 QSTAT_J_ERROR = """job_number:                 1
 error reason          1:      11/28/2026 09:15:32 [0:26066]: error: can't chdir to /nonexistent: No such file or directory
@@ -265,6 +282,12 @@ def test_ends_from_accounting():
     assert qdel.reason.startswith("failed 100: assumedly after job; killed by SIGKILL")
     segv = qacct_job_info(parse_qacct(QACCT_QDEL.replace("137                  (Killed)", "139")), "4")
     assert segv.state is JobState.FAILED and segv.signal == 11
+    crash = qacct_job_info(parse_qacct(QACCT_HOST_CRASH), "1")
+    assert crash.state is JobState.NODE_FAIL and crash.reason == "failed 19: before writing exit_status"
+    assert crash.node_list == ("vm",) and crash.start_time is None         # the host, though no times
+    lost = qacct_job_info(parse_qacct(QACCT_HOST_CRASH.replace("19  : before writing exit_status",
+                                                               "21  : in recognizing job")), "1")
+    assert lost.state is JobState.NODE_FAIL and lost.reason == "failed 21: in recognizing job"
     with pytest.raises(ValueError):
         qacct_job_info([], "9")
 

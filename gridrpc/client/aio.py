@@ -54,6 +54,7 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
     """
 
     discovery_budget = property(lambda self: self.options.budget, doc="discovery budget sent to the agents, s")
+    secure = property(lambda self: self._security is not None, doc="whether this client speaks CURVE to the tree")
 
     def __init__(self, master_agent: str | list[str] | None = None, *, options: ClientOptions | None = None,
                  **kwargs: Any) -> None:

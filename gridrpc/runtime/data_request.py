@@ -34,7 +34,9 @@ class Links(Protocol):
     """Where a request's channels come from."""
 
     async def holder_channel(self, name: str, address: str, header: dict) -> Channel:
-        """The channel to holder ``name`` at ``address`` for ``header``.
+        """The channel to holder ``name`` at ``address`` for ``header`` (or
+        anything with a channel's ``send``: a secure client's data requests
+        take a bulk session when one is usable).
         CommunicationError: this holder cannot be reached (the next one is
         asked); any other error ends the request."""
 

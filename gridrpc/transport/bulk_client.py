@@ -1,10 +1,12 @@
 """The client's side of bulk sessions (gridrpc.transport.bulk): one per SeD.
 
-A secure :class:`gridrpc.AsyncClient` holds a :class:`BulkLinks`: it asks a
-SeD for a session over CURVE the first time a message with a large frame
-goes to it or comes from it, connects the session's bulk socket, and from
-then on sends every message to that SeD sealed through it; until the session
-is usable, and whenever it fails, messages go over CURVE.
+A secure :class:`gridrpc.AsyncClient` holds a :class:`BulkLinks` for its
+calls, and its data requests (:mod:`gridrpc.client.data`) one of their own
+over their own CURVE connections. Each asks a SeD for a session over CURVE
+the first time a message with a large frame goes to it or comes from it,
+connects the session's bulk socket, and from then on sends every message to
+that SeD sealed through it; until the session is usable, and whenever it
+fails, messages go over CURVE.
 """
 from __future__ import annotations
 
@@ -91,8 +93,17 @@ class BulkClient:
         self.channel.close()
 
 
+def _size(f) -> int:
+    """A frame's bytes (``len`` of a memoryview of a 2-D array counts its rows)."""
+    return f.nbytes if isinstance(f, memoryview) else len(f)
+
+
+def _nbytes(frames) -> int:
+    return sum(_size(f) for f in frames)
+
+
 def _has_big(frames) -> bool:
-    return any(len(f) >= ZERO_COPY for f in frames)
+    return any(_size(f) >= ZERO_COPY for f in frames)
 
 
 class BulkLinks:
@@ -117,6 +128,13 @@ class BulkLinks:
         self._asked: dict[str, tuple[str, bytes]] = {}     # address -> (request id, routing id to use)
         self._retry_at: dict[str, float] = {}
         self._buffers = OutputBuffers()             # shared by every link of this client
+        #: messages (and their bytes after the header) sent and received through sessions
+        self.stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0}
+
+    def _delivered(self, address: str, frames: list) -> None:
+        self.stats["received"] += 1
+        self.stats["received_bytes"] += _nbytes(frames[1:])
+        self._deliver(address, frames)
 
     def send(self, address: str, frames: list) -> bool:
         """Send through the session with ``address``; False: the caller sends over CURVE."""
@@ -131,6 +149,8 @@ class BulkLinks:
                     return False
                 try:
                     link.send(frames)
+                    self.stats["sent"] += 1
+                    self.stats["sent_bytes"] += _nbytes(frames[1:])
                     return True
                 except CommunicationError as exc:
                     log.info("bulk connection to %s is down (%s): back to CURVE", link.address, exc)
@@ -184,7 +204,7 @@ class BulkLinks:
         old = self._links.pop(address, None)
         if old is not None:
             old.close()
-        self._links[address] = BulkClient(address, h, asked[1], functools.partial(self._deliver, address),
+        self._links[address] = BulkClient(address, h, asked[1], functools.partial(self._delivered, address),
                                           self._buffers)
 
     def close(self) -> None:

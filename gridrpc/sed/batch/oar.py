@@ -6,7 +6,9 @@
                               (``oar_job.sh`` in its working directory), then
                               ``oarsub [options] SCRIPT``
 ``states``                    ``oarstat -fJ -j ID1 -j ID2 ...`` (one query;
-                              OAR keeps ended jobs in its database)
+                              OAR keeps ended jobs in its database), and
+                              ``oarnodes -J`` when a job was fragged (a
+                              node down, or ``oardel``)
 ``cancel``                    ``oardel ID``, then ``states`` until final
 ``estimate_start``            ``oarnodes -J`` and ``oarstat -J``: 0 when the
                               job fits in the idle resources and nobody waits,
@@ -216,8 +218,13 @@ class OarBackend(CommandBackend):
             jobs = {}
         if r.returncode != 0 and not jobs:
             raise BatchError("oarstat failed", cmd=cmd[:3], returncode=r.returncode, stderr=r.stderr)
-        return {j: oar_job_info(jobs[j]) if j in jobs else
-                JobInfo(job_id=j, state=JobState.UNKNOWN, reason="unknown to oarstat") for j in ids}
+        out = {j: oar_job_info(jobs[j]) if j in jobs else
+               JobInfo(job_id=j, state=JobState.UNKNOWN, reason="unknown to oarstat") for j in ids}
+        fragged = [j for j, info in out.items() if info.state is JobState.CANCELLED and j in jobs]
+        if fragged:     # an oardel, or a node turned Dead/Absent: the same event; the nodes tell
+            resources = self._resources()
+            out.update({j: oar_job_info(jobs[j], resources) for j in fragged})
+        return out
 
     def cancel(self, job_id: str, *, timeout: float = 30.0) -> JobInfo:
         job_id = str(job_id)

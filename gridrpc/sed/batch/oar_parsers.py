@@ -13,7 +13,12 @@ How a job's end is read:
 ``Terminated``, exit_code W     ``FAILED``; ``W`` is the raw wait status
                                 (``768`` = exit 3; a signal in its low bits)
 ``Error`` + ``WALLTIME`` event  ``TIMEOUT`` (sarko killed it at its walltime)
-``Error`` + ``FRAG_JOB_REQUEST``  ``CANCELLED`` (``oardel``; the event says by whom)
+``Error`` + ``FRAG_JOB_REQUEST``  ``CANCELLED`` (``oardel``; the event says by whom), or
+                                ``NODE_FAIL`` when one of the job's resources
+                                is ``Dead``, ``Absent`` or ``Suspected``
+                                (:func:`down_nodes`): OAR frags the jobs of
+                                a node that turns ``Dead`` or ``Absent``
+``Error`` + ``BESTEFFORT_KILL``  ``PREEMPTED`` (a besteffort job killed for another job)
 ``Error`` + a node suspected    ``NODE_FAIL``
 any other ``Error``             ``FAILED``, OAR's events as the reason
 ==============================  ============================================
@@ -28,7 +33,7 @@ from typing import Any
 from .base import ClusterInfo, JobInfo, JobState
 
 __all__ = ["oar_state", "format_walltime", "parse_oarstat", "oar_job_info", "parse_oarsub",
-           "parse_oarnodes", "summarize_resources", "parse_queues", "decode_wait_status"]
+           "parse_oarnodes", "summarize_resources", "parse_queues", "decode_wait_status", "down_nodes"]
 
 _LIVE = {
     "Waiting": JobState.PENDING, "Hold": JobState.PENDING, "toLaunch": JobState.PENDING,
@@ -38,6 +43,8 @@ _LIVE = {
 }
 #: events that are bookkeeping, not the cause of an error
 _ROUTINE = {"SWITCH_INTO_ERROR_STATE", "SWITCH_INTO_TERMINATE_STATE", "SEND_KILL_JOB"}
+#: states of a resource whose node is down (OAR kills the jobs of a node set Dead or Absent)
+DOWN_STATES = ("Dead", "Absent", "Suspected")
 
 
 def decode_wait_status(status: int) -> tuple[int, int]:
@@ -69,6 +76,8 @@ def oar_state(raw: str, exit_code: int | None, events: Sequence[tuple[str, str]]
         kinds = {t: d for t, d in events}
         if "WALLTIME" in kinds:
             return JobState.TIMEOUT, f"WALLTIME: {kinds['WALLTIME']}"
+        if "BESTEFFORT_KILL" in kinds:
+            return JobState.PREEMPTED, f"BESTEFFORT_KILL: {kinds['BESTEFFORT_KILL']}"
         if "FRAG_JOB_REQUEST" in kinds:
             return JobState.CANCELLED, f"FRAG_JOB_REQUEST: {kinds['FRAG_JOB_REQUEST']}"
         causes = [f"{t}: {d}" for t, d in events if t not in _ROUTINE] or [f"{t}: {d}" for t, d in events]
@@ -85,12 +94,29 @@ def _positive(value: Any) -> float | None:
     return v if v > 0 else None
 
 
-def oar_job_info(job: Mapping[str, Any]) -> JobInfo:
-    """JobInfo of one job of ``oarstat -fJ``."""
+def down_nodes(job: Mapping[str, Any], resources: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``"HOST (STATE)"`` for each host of the job's resources (``oarstat
+    -fJ``'s ``assigned_resources``) that ``oarnodes -J`` shows down now
+    (:data:`DOWN_STATES`)."""
+    mine = {str(r) for r in job.get("assigned_resources") or ()}
+    down = (f"{r.get('network_address', '?')} ({r.get('state')})" for r in resources
+            if str(r.get("resource_id")) in mine and r.get("state") in DOWN_STATES)
+    return list(dict.fromkeys(down))
+
+
+def oar_job_info(job: Mapping[str, Any], resources: Sequence[Mapping[str, Any]] | None = None) -> JobInfo:
+    """JobInfo of one job of ``oarstat -fJ``. With *resources* (``oarnodes
+    -J``), a job OAR fragged while one of its nodes is down is ``NODE_FAIL``
+    (OAR frags the jobs of a node that turns ``Dead`` or ``Absent``, with the
+    same ``FRAG_JOB_REQUEST`` event as an ``oardel``)."""
     raw = str(job.get("state", ""))
     exit_code = job.get("exit_code")
     exit_code = int(exit_code) if isinstance(exit_code, (int, float)) else None
     state, reason = oar_state(raw, exit_code, _events(job))
+    if state is JobState.CANCELLED and resources is not None:
+        down = down_nodes(job, resources)
+        if down:
+            state, reason = JobState.NODE_FAIL, f"{reason}; node {', '.join(down)}"
     code = sig = None
     if state.is_final:
         code, sig = decode_wait_status(exit_code) if exit_code is not None else (None, None)

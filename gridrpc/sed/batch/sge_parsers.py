@@ -17,6 +17,10 @@ h_rt, h_cpu or h_vmem)             asked for ``h_vmem`` and no time limit)
 ``failed 100`` (assumedly after    killed by a signal: SIGKILL is ``CANCELLED``
 job), exit 128+S                   (``qdel``; Grid Engine does not tell a qdel
                                    from another SIGKILL), others ``FAILED``
+``failed 19`` (before writing      ``NODE_FAIL``: the job's shepherd died with
+exit_status), ``failed 21`` (in    it (the host crashed, or its execd was
+recognizing job)                   killed with its jobs) or the host's execd no
+                                   longer knows the job (its spool was lost)
 any other ``failed N``             ``FAILED`` (the job could not start or run:
                                    Grid Engine's own words are the reason)
 =================================  ============================================
@@ -177,6 +181,8 @@ def parse_qacct(text: str) -> list[dict[str, str]]:
 _FAILED_RE = re.compile(r"^\s*(\d+)\s*(?::\s*(.*))?$")
 _LIMIT_RE = re.compile(r"(?:^|[\s,])(?:h_rt|s_rt|h_cpu)=([0-9:]+)")
 _H_RT_RE = re.compile(r"(?:^|[\s,])h_rt=([0-9:]+)")
+#: ``failed`` codes of a job lost with its host: no exit status written (19), unknown to the execd (21)
+_NODE_LOST = {19, 21}
 
 
 def qacct_job_info(records: Sequence[dict[str, str]], job_id: str) -> JobInfo:
@@ -199,6 +205,9 @@ def qacct_job_info(records: Sequence[dict[str, str]], job_id: str) -> JobInfo:
         vmem_only = "vmem" in category and not _LIMIT_RE.search(category)
         state = JobState.OUT_OF_MEMORY if vmem_only else JobState.TIMEOUT
         reason = f"failed 37: {failed_text}"
+    elif failed in _NODE_LOST:
+        state = JobState.NODE_FAIL
+        reason = f"failed {failed}: {failed_text}"
     elif failed == 100 and sig == 9:
         state = JobState.CANCELLED
         reason = f"failed 100: {failed_text}; killed by SIGKILL (qdel, or a kill outside Grid Engine)"
@@ -210,7 +219,7 @@ def qacct_job_info(records: Sequence[dict[str, str]], job_id: str) -> JobInfo:
     start = _timestamp(rec.get("start_time"))
     return JobInfo(job_id=job_id, state=state, reason=reason, exit_code=code, signal=sig,
                    start_time=start, end_time=_timestamp(rec.get("end_time")) if start else None,
-                   node_list=hosts if start else (), nb_nodes=len(hosts) or None,
+                   node_list=hosts if start or state is JobState.NODE_FAIL else (), nb_nodes=len(hosts) or None,
                    nb_cpus=int(_float(rec.get("slots", "0"))) or None,
                    time_limit=parse_sge_time(limit.group(1)) if limit else None,
                    name=rec.get("jobname"), partition=rec.get("qname"),

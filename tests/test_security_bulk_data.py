@@ -1,0 +1,136 @@
+"""The client's data requests (put, get, free) take a bulk session under CURVE
+(gridrpc.transport.bulk), as calls do: real daemons, ``--secure``.
+
+What the session carried is read from the data client's own counters (the
+messages and bytes sealed through it), never from timing; values round-trip
+intact; another user, through a session of her own, still cannot read or free
+the reference; plain mode has no bulk path."""
+from __future__ import annotations
+
+import numpy as np
+import psutil
+import pytest
+
+import gridrpc
+from gridrpc.testing import wait_for
+from tests.test_security_users import Site
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def secure_site(tmp_path):
+    s = Site(tmp_path, True)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _listening(pid: int) -> set[int]:
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _data_bulk(c: gridrpc.Client):
+    return c._aclient.data.bulk
+
+
+def _until_session(c: gridrpc.Client, value) -> None:
+    """Puts and gets ``value`` until the data client's session carries messages: the first
+    large put goes over CURVE and asks for the session."""
+    def carried():
+        ref = c.put(value, server="sed-1")
+        assert np.array_equal(c.get(ref), value)
+        c.free(ref)
+        return _data_bulk(c).stats["sent"] > 0
+    wait_for(carried, 20, "the data client's bulk session carries its requests")
+
+
+def test_put_and_get_go_through_the_bulk_session(secure_site):
+    site = secure_site
+    before = _listening(site.sed.pid)
+    a = np.random.default_rng(0).random(MB)                      # 8 MB
+    with site.client("alice") as c:
+        _until_session(c, a)
+        stats = _data_bulk(c).stats
+        s0 = dict(stats)
+        ref = c.put(a, server="sed-1")
+        sent = stats["sent_bytes"] - s0["sent_bytes"]
+        assert stats["sent"] == s0["sent"] + 1 and sent >= a.nbytes     # the 8 MB went sealed
+        s1 = dict(stats)
+        back = c.get(ref)
+        assert back.dtype == a.dtype and np.array_equal(back, a)
+        assert stats["received"] > s1["received"] and stats["received_bytes"] - s1["received_bytes"] >= a.nbytes
+        s2 = dict(stats)
+        c.free(ref)
+        assert stats["sent"] > s2["sent"]                              # small requests too, once it works
+        with pytest.raises(gridrpc.DataLost):
+            c.get(ref)
+        # several sizes, a value of other types beside the array
+        for value in (np.arange(3_000_000, dtype=np.int32), {"x": np.ones(100_000), "tag": "t"}, b"z" * (2 * MB)):
+            r = c.put(value, server="sed-1")
+            got = c.get(r)
+            if isinstance(value, dict):
+                assert got["tag"] == "t" and np.array_equal(got["x"], value["x"])
+            elif isinstance(value, bytes):
+                assert got == value
+            else:
+                assert np.array_equal(got, value)
+        # the calls' own sessions are untouched by data: the data client opened its own
+        assert c._aclient._bulk.stats["sent"] == 0
+        bulk = _listening(site.sed.pid) - before
+        assert len(bulk) == 1
+        port = bulk.pop()
+        mine = [x for x in psutil.Process().net_connections("tcp") if x.raddr and x.raddr.port == port]
+        assert mine and all(x.status == psutil.CONN_ESTABLISHED for x in mine)
+
+
+def test_a_large_answer_alone_opens_the_session(secure_site):
+    """A client that only reads (another client of the same user): the first large value a get
+    brings back comes over CURVE and asks for the session; later ones come sealed."""
+    a = np.random.default_rng(3).random(MB)
+    with secure_site.client("alice") as writer, secure_site.client("alice") as reader:
+        ref = writer.put(a, server="sed-1")
+        stats = _data_bulk(reader).stats
+
+        def sealed():
+            assert np.array_equal(reader.get(ref), a)
+            return stats["received_bytes"] >= a.nbytes
+        wait_for(sealed, 20, "a get's answer comes through the reader's session")
+        assert stats["received"] >= 1 and stats["sent_bytes"] < MB
+
+
+def test_another_user_through_her_own_session_cannot_get_nor_free_the_ref(secure_site):
+    site = secure_site
+    a = np.random.default_rng(1).random(MB)
+    with site.client("alice") as alice, site.client("mallory") as mallory:
+        ref = alice.put(a, server="sed-1")
+        _until_session(mallory, np.ones(MB // 2))
+        stats = _data_bulk(mallory).stats
+        s0 = dict(stats)
+        with pytest.raises(gridrpc.DataAccessDenied):
+            mallory.get(ref)
+        assert stats["sent"] > s0["sent"]                       # the refused request went through her session
+        mallory._aclient.user = "alice"                         # a forged name in the header changes nothing
+        with pytest.raises(gridrpc.DataAccessDenied):
+            mallory.get(ref)
+        with pytest.raises(gridrpc.DataAccessDenied):
+            mallory.free(ref)
+        assert stats["received_bytes"] - s0["received_bytes"] < MB          # none of alice's bytes came back
+        assert np.array_equal(alice.get(ref), a)                # still alice's, intact
+
+
+def test_plain_mode_data_has_no_bulk_path(tmp_path):
+    site = Site(tmp_path, False)
+    try:
+        before = _listening(site.sed.pid)
+        with site.client("alice") as c:
+            a = np.random.default_rng(2).random(MB)
+            for _ in range(3):
+                ref = c.put(a, server="sed-1")
+                assert np.array_equal(c.get(ref), a)
+                c.free(ref)
+            assert _data_bulk(c) is None and not c._aclient.secure
+        assert _listening(site.sed.pid) == before
+    finally:
+        site.close()

@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 
 from gridrpc.testing import LocalTree
@@ -25,7 +27,9 @@ def pytest_report_header(config):
 SCHEDULER_MARKERS = ("slurm", "sge", "oar")
 
 
-@pytest.hookimpl(tryfirst=True)        # before pytest-xdist's worker reads the groups
+# a wrapper: its part before ``yield`` runs before every plain implementation, whatever their
+# order (pytest-xdist's worker reads the groups in its own, and names each test after its group)
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in FIXTURE_MARKERS.items():
@@ -36,6 +40,7 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker("real")
     if getattr(config.option, "loadgroup", False):        # an xdist worker under --dist loadgroup
         _lanes(items)
+    return (yield)
 
 
 def _lanes(items) -> None:
@@ -73,6 +78,19 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = (f"real-component test skipped while {requirements.ENV} is set: {reason}\n"
                        "Route the skip through tests/requirements.py require(...) or make the component "
                        f"available ({requirements.INSTALL}).")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_raises():
+    """Python's own Ctrl-C handler for the session: the tests that press
+    Ctrl-C (a real SIGINT) expect KeyboardInterrupt, as a user at a terminal
+    gets it, also when the suite was started as a background job of a shell,
+    which ignores SIGINT in its children."""
+    before = signal.getsignal(signal.SIGINT)
+    if before is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="module")

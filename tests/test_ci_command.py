@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: the packages each component of tests/requirements.py comes from
@@ -36,3 +38,14 @@ def test_the_test_command_installs_every_component():
     listed = set(re.search(r"PACKAGES=\((.+?)\)", script, re.S).group(1).split())
     missing = {c: sorted(p - listed) for c, p in PACKAGES.items() if p - listed}
     assert not missing, missing
+
+
+def test_a_module_runs_whole_on_one_lane(request):
+    """Under scripts/run-tests' lanes (-n N --dist loadgroup) a test's id
+    names its lane (tests/conftest.py), so the module's tests share one
+    worker and its fixtures. pytest-xdist writes that name into the test's
+    id, which pytest 9.2 no longer reads: its tests would be spread over the
+    workers (hence pytest<9.2 in the test extras)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("only under -n N --dist loadgroup (scripts/run-tests)")
+    assert request.node.nodeid.endswith("@tests.test_ci_command"), request.node.nodeid

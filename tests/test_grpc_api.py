@@ -710,8 +710,10 @@ def test_cancel_all(init, tree):
         wait_load(tree, "solo", 1, 1)
     except Timeout as e:    # say where each call is: the sessions' states and errors, where add ran
         states = [(g.grpc_probe(s), g.grpc_get_exception(s)) for s in slow]
-        ran = g.grpc_get_exception(done)
-        raise Timeout(f"{e}; add(1, 1) took {took:.2f}s ({ran}); sessions {states}") from None
+        from gridrpc.grpc import state as st
+        call = st.current.sessions[done].call
+        ran = (call.server, list(getattr(call, "attempts", ())), getattr(call, "timing", None))
+        raise Timeout(f"{e}; add(1, 1) took {took:.2f}s on {ran}; sessions {states}") from None
     t0 = time.monotonic()
     assert g.grpc_cancel_all() == GRPC_NO_ERROR
     assert time.monotonic() - t0 < 2 * FAST

@@ -132,7 +132,7 @@ def test_kinds_not_registered_are_refused_with_the_known_ones(toy, tmp_path):
 
 def test_kind_names_are_checked():
     for bad in ("", "a b", "ma", "x/y"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="SeD kind name"):
             register_kind(BackendKind(name=bad, summary="", backends=(), server_type="x", build=lambda *a: None))
     assert kind_names()[:3] == ["sed", "batch", "cloud"]
 

@@ -12,7 +12,8 @@ import pytest
 from gridrpc.errors import ConfigError
 from gridrpc.sed.batch.config import config_to_cli, parse_batch_config
 from gridrpc.sed.batch.pilot_config import PilotConfig, parse_pilot_config
-from gridrpc.sed.batch.pilot_policy import CancelPilot, Dispatch, FailCall, Note, PilotPool, SubmitPilot
+from gridrpc.sed.batch.pilot_model import CancelPilot, Dispatch, FailCall, Note, SubmitPilot
+from gridrpc.sed.batch.pilot_policy import PilotPool
 
 T0 = 1_700_000_000.0
 

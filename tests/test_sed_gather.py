@@ -29,6 +29,8 @@ def _scenario(queue_options: dict) -> tuple[dict, dict]:
                     if any(r.scheduler.running for r in sed.replicas.values()):
                         break
                     await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("the optional call never started")
             mand = b.submit_nowait("sleep", 0.05, server=sed.address)
             got = {}
             for name, call in (("optional", opt), ("mandatory", mand)):
@@ -133,6 +135,8 @@ def test_a_huge_read_starts_work_before_it_is_all_admitted():
                        and x._flight.machine.phase.name not in ("NEW", "WAITING")) == n:
                     break
                 await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the calls were never all sent")
             await c.cancel_calls(calls, timeout=10)
             return [x.timing for x in calls]
     try:

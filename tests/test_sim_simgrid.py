@@ -149,7 +149,7 @@ def _engine_figures(platform: str, cpu: str = "slice") -> dict:
 @pytest.mark.parametrize("cpu", ["slice", "fair"])
 def test_engine_timers_cpu_and_links_follow_the_platform(tmp_path, cpu):
     from gridrpc.sim.node import HEADER_BYTES
-    from gridrpc.sim.simgrid_engine import run_isolated
+    from gridrpc.sim.simgrid_isolate import run_isolated
     speed, bw, lat = 2e9, 1e6, 0.005
     p = tmp_path / "p.xml"
     p.write_text(PLATFORM.format(speed_a=f"{speed:g}f", bw=f"{bw:g}", lat=lat))
@@ -254,7 +254,7 @@ def test_a_cluster_platform_spreads_the_seds_over_its_hosts():
     """One site of several hosts (deployments/sim/cluster-16.xml): agents and
     the client on the first host, SeD processes on the others in turn, every
     discovery crossing the cluster's links (two hops of link + backbone + link)."""
-    from gridrpc.sim.simgrid_engine import run_isolated
+    from gridrpc.sim.simgrid_isolate import run_isolated
     from gridrpc.sim.simgrid_sites import sites_of
     platform = str(ROOT / "deployments/sim/cluster-16.xml")
     hosts = sites_of(platform)["cluster"]
@@ -276,6 +276,6 @@ def _failing_timer(platform: str) -> None:
 
 
 def test_an_exception_in_an_actor_is_raised_by_run():
-    from gridrpc.sim.simgrid_engine import run_isolated
+    from gridrpc.sim.simgrid_isolate import run_isolated
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         run_isolated(_failing_timer, ONE_HOST, timeout=120)

@@ -99,9 +99,7 @@ def single_core_benchmark(repeats: int = 300, rounds: int = 60) -> float:
     as an element handles a message and waits for the next: on a host shared
     with CPU-bound work the scheduler serves such bursts at once, so the
     fastest burst measures the core's speed, not the share of it that other
-    work leaves (a long CPU-bound loop measured that: 0.25-0.7 of the
-    reference speed here at load average 11-26, while the trees' discovery
-    medians did not move)."""
+    work leaves (which a long CPU-bound loop measures)."""
     _work(rounds * 5)             # warm up
     best = float("inf")
     for _ in range(repeats):

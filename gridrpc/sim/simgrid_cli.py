@@ -63,7 +63,7 @@ def measure_tree(engine: str, shape, seds: int, *, users: int = 8, seed: int = 1
     elif engine == "simgrid":
         if not platform:
             raise ValueError("the SimGrid engine needs a platform file (--platform FILE.xml)")
-        from .simgrid_engine import run_isolated
+        from .simgrid_isolate import run_isolated
         kw = dict(costs=costs, seed=seed, network_model=network_model, cpu=cpu_sharing)
         d = run_isolated(_sg_series, platform, kw, els, rounds)
         c = run_isolated(_sg_loop, platform, kw, els, users, seconds, warmup)

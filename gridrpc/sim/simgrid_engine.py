@@ -47,8 +47,7 @@ clock, timers and runs), :mod:`gridrpc.sim.simgrid_cpu` (:class:`SgHost`,
 :class:`ProcActor`: hosts, cores and the processes' jobs),
 :mod:`gridrpc.sim.simgrid_isolate` (:func:`run_isolated`); this module holds
 the world (:class:`SgWorld`: the SimGrid engine, placement) and the message
-transport (connections' mailboxes and their receiver actors). Its names
-are importable from here as before.
+transport (connections' mailboxes and their receiver actors).
 """
 from __future__ import annotations
 
@@ -58,13 +57,11 @@ from typing import Any, Callable
 from .engine import Host
 from .node import size
 from .simgrid_clock import SgClock
-from .simgrid_cpu import CPU_SHARING, REF_FLOPS, ProcActor, SgHost
-from .simgrid_isolate import run_isolated
+from .simgrid_cpu import CPU_SHARING, SgHost
 from .simgrid_loader import load_simgrid
 from .world import World
 
-__all__ = ["CPU_SHARING", "REF_FLOPS", "LOCAL_BANDWIDTH", "SgClock", "SgHost", "SgWorld", "ProcActor", "run_isolated",
-           "wire_bytes", "DATA_TYPES"]
+__all__ = ["LOCAL_BANDWIDTH", "SgWorld", "wire_bytes", "DATA_TYPES"]
 
 #: bytes/s between two processes of one host (SimGrid's loopback), as the built-in engine's ``Network``
 LOCAL_BANDWIDTH = 2.0e9
@@ -109,7 +106,7 @@ class SgWorld(World):
         global _ENGINE_PID
         if _ENGINE_PID == os.getpid():
             raise RuntimeError("one SimGrid engine per process: run each SimGrid world in its own process "
-                               "(gridrpc.sim.simgrid_engine.run_isolated)")
+                               "(gridrpc.sim.simgrid_isolate.run_isolated)")
         args = ["gridrpc-sim", f"--cfg=network/model:{network_model}", "--cfg=network/crosstraffic:0",
                 f"--cfg=network/loopback-lat:{self.costs.local_latency!r}",
                 f"--cfg=network/loopback-bw:{LOCAL_BANDWIDTH!r}",

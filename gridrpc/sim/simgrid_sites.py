@@ -301,7 +301,7 @@ def measure_sites(platform: str, shape, seds: int, *, users: int = 8, seed: int 
     site, federated elsewhere), then ``users`` closed-loop users per site
     running ``produce`` + ``solve`` on the kept data for ``seconds``; each in
     a SimGrid run of its own (child processes)."""
-    from .simgrid_engine import run_isolated
+    from .simgrid_isolate import run_isolated
     kw = dict(costs=costs or Costs.load(None), seed=seed, network_model=network_model, cpu=cpu_sharing)
     t = time.perf_counter()
     d = run_isolated(_sites_series, platform, kw, shape, seds, rounds)

@@ -79,7 +79,6 @@ class SeDLink:
     def __init__(self, name: str, address: str, *, noun: str = "SeD", ack_timeout: float = 10.0,
                  ping_interval: float = 1.0, ping_timeout: float = 4.0) -> None:
         self.name, self.address, self.noun = name, address, noun
-        self.ack_timeout, self.ping_interval, self.ping_timeout = ack_timeout, ping_interval, ping_timeout
         self.policy = CallPolicy(ack_timeout=ack_timeout, ping_interval=ping_interval, ping_timeout=ping_timeout,
                                  failover=False)
         self.loop = asyncio.get_running_loop()
@@ -114,14 +113,11 @@ class SeDLink:
         if flight is not None:
             self.driver.cancel(flight)
 
-    def fail_all(self, reason: str) -> None:
-        self.driver.abort_all(reason)
-
     def close(self, reason: str = "closed") -> None:
         if self.closed:
             return
         self.closed = True
-        self.fail_all(f"{self.noun} {self.name} {reason}")
+        self.driver.abort_all(f"{self.noun} {self.name} {reason}")
         self.driver.flush()             # their CANCELs leave before the socket closes
         self.channel.close()
 

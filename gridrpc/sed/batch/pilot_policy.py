@@ -17,8 +17,8 @@ runtime (:mod:`.pilots`) to carry out:
                    (``what``: pilot_started, pilot_stopped, draining, paused, resumed)
 =================  ==========================================================
 
-The action and record types live in :mod:`.pilot_model` (re-exported
-here), the estimation's slot simulation in :mod:`.pilot_estimate`.
+The action and record types live in :mod:`.pilot_model`, the
+estimation's slot simulation in :mod:`.pilot_estimate`.
 
 A pilot goes ``submitting`` -> ``pending`` (job id known) -> ``starting``
 (the job runs) -> ``ready`` (its SeD registered) -> ``draining`` ->
@@ -63,7 +63,7 @@ from .pilot_config import PilotConfig
 from .pilot_estimate import pilot_slots, simulate_slots
 from .pilot_model import COMING, CancelPilot, Dispatch, FailCall, Note, Pilot, PilotCall, SubmitPilot
 
-__all__ = ["PilotPool", "SubmitPilot", "CancelPilot", "Dispatch", "FailCall", "Note", "Pilot"]
+__all__ = ["PilotPool"]
 
 
 class PilotPool:

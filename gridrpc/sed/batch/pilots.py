@@ -39,7 +39,8 @@ from . import jobfiles
 from .base import BatchBackend, BatchError, JobSpec, JobState
 from .config import CALL_OPTION, BatchConfig
 from .jobs import ImportableServices
-from .pilot_policy import CancelPilot, Dispatch, FailCall, Note, PilotPool, SubmitPilot
+from .pilot_model import COMING, CancelPilot, Dispatch, FailCall, Note, SubmitPilot
+from .pilot_policy import PilotPool
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class PilotJobs(ImportableServices, RelayBackend):
                         if info.reason:
                             reason += f" ({info.reason})"
                         p = self.policy.pilots.get(name)
-                        if p is not None and p.state in ("submitting", "pending", "starting"):
+                        if p is not None and p.state in COMING:
                             tail = await asyncio.to_thread(self._output_tail, name)
                             reason += f"; its output ends: {tail}" if tail else ""
                         self._pilot_gone(name, f"job {job_id} ended {reason}")
@@ -299,7 +300,7 @@ class PilotJobs(ImportableServices, RelayBackend):
 
         def starting(name: str) -> bool:        # one of our pilots, on its way (not a stranger)
             p = self.policy.pilots.get(name)
-            return p is not None and p.state in ("submitting", "pending", "starting")
+            return p is not None and p.state in COMING
 
         for name, address in self.link_registered(self.agent.registry.children, starting):
             self._apply(self.policy.registered(name, address, now))

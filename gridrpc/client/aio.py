@@ -271,7 +271,7 @@ class AsyncClient(SubmitMixin, OptionViews, MasterAgentRequests):
             for f, _own in calls:
                 if not f.machine.finished:
                     self._driver.feed(f, event)
-        first = ask_again(self._joining, key, again) if again else None
+        first = ask_again(self._joining, key, again)
         if first is not None:           # they ask the MA again (it knows other servers), as one discovery
             self._start_discovery(*first, key)
 

@@ -125,7 +125,9 @@ def ask_again(joining: dict, key: Hashable, again: list) -> Any:
     (``joining[key]``) they all join it and None is returned; else the first
     is returned to ask, and the others wait in ``joining[key]`` to join it
     (each asking alone would be a DISCOVER per call after every answer that
-    came with a free slot)."""
+    came with a free slot). None too when ``again`` is empty."""
+    if not again:
+        return None
     waiting = joining.get(key)
     if waiting is not None:
         waiting.extend(again)
@@ -243,8 +245,8 @@ class ReusedAnswers:
 
     def mine(self, servers: Sequence[Any], now: float) -> dict[str, int]:
         """Per server of an answer that comes at ``now``: this client's calls
-        there that its estimation may show (in flight, or ended within
-        ``CHOICE_MEMORY``); a call this client makes later is not among them."""
+        there that its estimation may show (in flight, or ended lately:
+        :meth:`recent`); a call this client makes later is not among them."""
         flying = self.in_flight
         return {s.name: flying.get(s.name, 0) + self.recent(s.name, now) for s in servers}
 
@@ -381,7 +383,10 @@ class ReusedAnswers:
             self.last_end = now
             book, memory = (self.chosen_at, CHOICE_MEMORY) if chosen else (self.ended_at, SHOWN_MEMORY)
             _within(book, name, now - memory)       # drop what is too old to be shown, whoever asks
-            book.setdefault(name, deque()).append(now)
+            times = book.get(name)
+            if times is None:
+                times = book[name] = deque()
+            times.append(now)
         if failed:
             self.kept.clear()
 

@@ -178,10 +178,10 @@ def _element(v: object) -> bool:
 ELEMENT = (_element, "an element {\"name\": element name, \"kind\", \"parent\", \"services\": [names], ...}")
 
 
-def _scalar(x: object) -> bool:
+def _scalar(x: object, max_str: int = SHORT) -> bool:
     t = type(x)
     return (x is None or t is bool or ((t is float or t is int) and -1e300 <= x <= 1e300)
-            or (t is str and len(x) <= SHORT))
+            or (t is str and len(x) <= max_str))
 
 
 #: arguments a discovery may describe, and characters of text in all their descriptions together
@@ -242,9 +242,7 @@ MAX_BACKENDS = 8
 
 
 def _detail_scalar(x: object) -> bool:
-    t = type(x)
-    return (x is None or t is bool or ((t is float or t is int) and -1e300 <= x <= 1e300)
-            or (t is str and len(x) <= LONG))     # a scheduler's reason may be long
+    return _scalar(x, LONG)         # a scheduler's reason may be long
 
 
 def _detail_value(x: object) -> bool:

@@ -374,7 +374,7 @@ class GreenClient(OptionViews):
             for f, _own in calls:
                 if not f.machine.finished:
                     feed(f, event)
-        first = ask_again(self._joining, key, again) if again else None
+        first = ask_again(self._joining, key, again)
         if first is not None:
             f, own = first
             follow = self._ask(f, own, key)

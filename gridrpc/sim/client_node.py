@@ -265,7 +265,7 @@ class ClientNode(Node):
         servers = [_Target(x["name"], x.get("address", ""), x.get("estimation")) for x in h["servers"]]
         again = self.reuse.settle(key, servers, h.get("view") is True, now, calls, user,
                                   lambda u, ranked: u.event(self._seat(u, ranked, now), out))
-        first = ask_again(self._joining, key, again) if again else None
+        first = ask_again(self._joining, key, again)
         if first is not None:
             u, a = first
             self._ask(u, a, key, out)

@@ -1,10 +1,11 @@
 """A server's reply to a call, as the event the call machine takes (pure).
 
-Every driver of :class:`~gridrpc.core.client_call.machine.CallMachine` (the asyncio and
-gevent clients through :class:`gridrpc.client.driver.CallDriver`, the cloud
-relay, the simulator's clients in :mod:`gridrpc.sim.client_node`) turns the
-replies of a SeD into machine events with these two functions, so the
-mapping of a header field to an event field is written once.
+Every driver of :class:`~gridrpc.core.client_call.machine.CallMachine` (the
+asyncio and gevent clients through :class:`gridrpc.client.driver.CallDriver`,
+the relay to VMs and pilots in :mod:`gridrpc.sed.backends.relay`, the
+simulator's clients in :mod:`gridrpc.sim.client_node`) turns the replies of a
+SeD into machine events with these two functions, so the mapping of a header
+field to an event field is written once.
 """
 from __future__ import annotations
 

@@ -724,8 +724,25 @@ class NetnsCluster:
             _run(["ip", "-n", self.switch, "link", "set", port, "down"])
 
     def heal(self, host: str | int) -> None:
-        """Undo :meth:`partition` (either kind)."""
+        """Undo :meth:`partition` (either kind) and wait until the port forwards.
+
+        A port whose link was down has no carrier for a moment after ``up``;
+        the kernel refuses a state change then (``Network is down``) and puts
+        the port to forwarding by itself once the carrier is back (no STP on
+        this bridge). So the state is set only once the link has its carrier
+        (``LOWER_UP``), which a silent cut never lost, and both kinds wait for
+        ``forwarding``.
+        """
         port = f"p-{self._host(host)}"
         _run(["ip", "-n", self.switch, "link", "set", port, "up"])
-        _run(["bridge", "-n", self.switch, "link", "set", "dev", port, "state", "3"])
+        deadline = time.monotonic() + 10
+        while True:
+            shown = _run(["bridge", "-n", self.switch, "link", "show", "dev", port]).stdout
+            if "state forwarding" in shown:
+                return
+            if "LOWER_UP" in shown:  # carrier back, port still disabled (a silent cut)
+                _run(["bridge", "-n", self.switch, "link", "set", "dev", port, "state", "3"], check=False)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bridge port {port} not forwarding 10 s after heal: {shown.strip()}")
+            time.sleep(0.02)
 

@@ -196,3 +196,15 @@ def test_a_header_refused_at_the_boundary_is_decoded_once_and_its_answer_names_i
     big = [n for n in decodes if n > 1_000_000]
     assert len(big) == 1, f"the 1 MB header was decoded {len(big)} times"
     assert sum(1 for n in decodes if 1800 < n < 2000) == 1      # the deep one, once
+
+
+def test_a_2d_array_frame_counts_its_bytes_not_its_rows():
+    """A 2-D array is big by its bytes (``len`` of its memoryview is its row count): it is sent
+    zero-copy and alone, not copied into a batch."""
+    import numpy as np
+    from gridrpc.transport.channel import ZERO_COPY_THRESHOLD, frame_size, has_big
+    rows = memoryview(np.zeros((1000, 100)))          # 800 KB in 1,000 rows
+    assert len(rows) == 1000 and frame_size(rows) == 800_000
+    assert has_big([b"head", rows])
+    assert not has_big([memoryview(np.zeros((10, 10)))])
+    assert not has_big([b"x" * (ZERO_COPY_THRESHOLD - 1)]) and has_big([b"x" * ZERO_COPY_THRESHOLD])

@@ -29,10 +29,17 @@ ZERO_COPY_THRESHOLD = 64 * 1024
 HANDSHAKE_MS = 5000
 
 
+def frame_size(f) -> int:
+    """A frame's bytes: ``len`` of a memoryview of a 2-D array counts its rows, ``nbytes`` its bytes."""
+    return f.nbytes if isinstance(f, memoryview) else len(f)
+
+
 def has_big(frames) -> bool:
     """Whether any frame is large enough to go zero-copy (and, being large,
     to go alone rather than inside a batch)."""
-    return any(len(f) >= ZERO_COPY_THRESHOLD for f in frames if not isinstance(f, zmq.Frame)) if frames else False
+    return any(frame_size(f) >= ZERO_COPY_THRESHOLD for f in frames
+               if not isinstance(f, zmq.Frame)) if frames else False
+
 #: messages handled per wake-up of one socket before the loop runs others
 #: (timers, heartbeats, other sockets): a flooded socket cannot starve them
 DRAIN_BATCH = 256

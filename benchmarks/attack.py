@@ -193,15 +193,20 @@ class Watch(threading.Thread):
 
 
 def _alice(client: gridrpc.Client, seconds: float, lat: list, failed: dict) -> None:
-    """Alice's sequential calls for ``seconds``: latencies (s) into ``lat``, failures by kind into ``failed``."""
+    """Alice's sequential calls for ``seconds``: latencies (s) of right answers into ``lat``, failures by
+    kind (an error's class, or ``wrong answer``) into ``failed``."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         t = time.perf_counter()
         try:
-            client.call("add", 1, 2)
-            lat.append(time.perf_counter() - t)
+            got = client.call("add", 1, 2)
         except gridrpc.GridRPCError as exc:
             failed[type(exc).__name__] = failed.get(type(exc).__name__, 0) + 1
+            continue
+        if got == 3:
+            lat.append(time.perf_counter() - t)
+        else:
+            failed["wrong answer"] = failed.get("wrong answer", 0) + 1
 
 
 def _summary(lat: list, failed: dict) -> dict:

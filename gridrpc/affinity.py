@@ -18,7 +18,7 @@ import os
 
 from .errors import ConfigError
 
-__all__ = ["parse_cpus", "bind_cpus", "format_cpus"]
+__all__ = ["parse_cpus", "bind_cpus", "format_cpus", "usable_cores"]
 
 MAX_CPU = 1 << 16
 
@@ -45,6 +45,16 @@ def parse_cpus(text) -> list[int]:
             raise ConfigError(f"cpus: {part.strip()!r} is not a CPU number or an increasing range")
         out.update(range(a, b + 1))
     return sorted(out)
+
+
+def usable_cores() -> int:
+    """How many CPUs this process may run on: its affinity (``taskset``,
+    ``--cpus``, a cgroup's cpuset count), else every CPU of the machine
+    where the platform has no affinity; at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):     # no sched_getaffinity (not Linux), or the kernel refused
+        return os.cpu_count() or 1
 
 
 def format_cpus(cpus) -> str:

@@ -105,3 +105,15 @@ def proc_tree(tmp_path):
     from tests.proc_tree import ProcTree
     with ProcTree(tmp_path) as pt:
         yield pt
+
+
+@pytest.fixture
+def secure_site(tmp_path):
+    """MA -> sed-1 (example services) as processes under CURVE, with element
+    and user keys (tests/security_site.py), stopped after the test."""
+    from tests.security_site import Site
+    s = Site(tmp_path, True)
+    try:
+        yield s
+    finally:
+        s.close()

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import gridrpc
-from gridrpc.affinity import bind_cpus, format_cpus, parse_cpus
+from gridrpc.affinity import bind_cpus, format_cpus, parse_cpus, usable_cores
 from gridrpc.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(90)
@@ -27,6 +27,22 @@ def test_parse_cpus():
     for bad in ("", " ", "a", "1-", "-1", "3-1", "1,,2", [], [-1], ["1"], [True], None, 1.5):
         with pytest.raises(ConfigError):
             parse_cpus(bad)
+
+
+def test_usable_cores_is_the_affinity_else_the_machine(monkeypatch):
+    """What ``gridrpc loadtest --workers auto`` and a simulated host profile count:
+    the CPUs this process may run on, so a process bound to one CPU counts 1."""
+    cpu = min(os.sched_getaffinity(0))
+    code = ("import os; from gridrpc.affinity import usable_cores; "
+            f"os.sched_setaffinity(0, {{{cpu}}}); print(usable_cores())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["1"], out.stderr
+    assert usable_cores() == len(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")                     # a platform without affinity
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    assert usable_cores() == 7
+    monkeypatch.setattr(os, "cpu_count", lambda: None)               # the machine cannot tell
+    assert usable_cores() == 1
 
 
 def test_bind_refuses_cpus_this_process_may_not_use():

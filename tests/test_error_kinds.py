@@ -101,14 +101,14 @@ def test_kind_of_keeps_the_answered_kind_and_calls_bugs_remote():
 
 def _kind_literals() -> set[str]:
     """Kinds written as literals where errors are answered: error_header(id, KIND, ...),
-    reply_error(msg, KIND, ...), _reject(route, cid, KIND, ...), Outcome(kind=KIND)."""
+    reply_error(msg, KIND, ...), Outcome(kind=KIND)."""
     found = set()
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            pos = {"error_header": 1, "reply_error": 1, "_reject": 2}.get(name)
+            pos = {"error_header": 1, "reply_error": 1}.get(name)
             args = list(node.args)
             if pos is not None and len(args) > pos and isinstance(args[pos], ast.Constant):
                 found.add(args[pos].value)

@@ -25,7 +25,7 @@ from gridrpc.transport.bulk import (PREAMBLE, RESET, TO_CLIENT, BulkRefused, Out
 from gridrpc.transport.handshake import HandshakeWatch
 from gridrpc.transport.security import Security
 from tests.raw_peer import closing, reply_to, send
-from tests.test_security_users import Site
+from tests.security_site import Site
 
 MB = 1 << 20
 
@@ -141,15 +141,6 @@ def test_session_auth_stands_for_a_user_id():
 
 
 # -- real daemons ------------------------------------------------------------------
-@pytest.fixture
-def secure_site(tmp_path):
-    s = Site(tmp_path, True)
-    try:
-        yield s
-    finally:
-        s.close()
-
-
 def _listening(pid: int) -> set[int]:
     return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 

@@ -13,18 +13,9 @@ import pytest
 
 import gridrpc
 from gridrpc.testing import wait_for
-from tests.test_security_users import Site
+from tests.security_site import Site
 
 MB = 1 << 20
-
-
-@pytest.fixture
-def secure_site(tmp_path):
-    s = Site(tmp_path, True)
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def _listening(pid: int) -> set[int]:

@@ -19,60 +19,10 @@ from gridrpc.core.messages import MsgType
 from gridrpc.testing import wait_for
 from gridrpc.transport.security import KeyStore, Security
 from tests.proc_tree import ProcTree
-from tests.raw_peer import ask, closing, dealer, final, replies, reply_to, secure_args, send
+from tests.raw_peer import ask, closing, dealer, final, replies, reply_to, send
+from tests.security_site import Site
 
 pytestmark = pytest.mark.real
-
-USERS = ("alice", "mallory")
-
-
-class Site:
-    """MA -> sed-1 (example services) as processes, plain or under CURVE."""
-
-    def __init__(self, tmp, secure: bool, *sed_args: str, nofile: int | None = None) -> None:
-        self.secure = secure
-        self.pt = ProcTree(tmp)
-        self.keys = None
-        ma_args: list[str] = []
-        sed_extra: list[str] = []
-        if secure:
-            store = self.store = KeyStore(tmp / "keys")
-            for name in ("MA", "sed-1"):
-                store.create(name, "element")
-            for u in USERS:
-                store.create(u, "user")
-            self.keys = str(store.dir)
-            ma_args = secure_args(store.dir)
-            sed_extra = secure_args(store.dir, parent_key="MA")
-        try:
-            self.ma = self.pt.start("ma", "MA", *ma_args, nofile=nofile)
-            self.sed = self.pt.sed("sed-1", self.ma.address, *sed_extra, *sed_args)
-            with self.client("alice") as c:
-                def found():
-                    try:
-                        return c.discover("add", 1) != []
-                    except (gridrpc.ServiceNotFound, gridrpc.NoServerAvailable):
-                        return False
-                wait_for(found, 20, "sed-1 registered")
-        except BaseException:
-            self.pt.stop()
-            raise
-
-    def client(self, user: str) -> gridrpc.Client:
-        if self.secure:
-            return gridrpc.Client(self.ma.address, keys=self.keys, key=user, user=user)
-        return gridrpc.Client(self.ma.address, user=user)
-
-    def raw(self, user: str):
-        """A raw socket to sed-1 speaking as ``user`` (its key under CURVE)."""
-        opts = None
-        if self.secure:
-            opts = Security(keys=self.store, name=user, role="user").client_options(
-                self.store.public("sed-1", "element"))
-        return dealer(self.sed.address, opts)
-
-    def close(self) -> None:
-        self.pt.stop()
 
 
 @pytest.fixture(params=["plain", "secure"])
@@ -300,13 +250,6 @@ def test_a_heartbeat_cannot_take_a_live_sed_s_name(plain_site):
 
 
 # == 10. errors that name the key problem ====================================================
-@pytest.fixture
-def secure_site(tmp_path):
-    s = Site(tmp_path, secure=True)
-    yield s
-    s.close()
-
-
 def test_key_problems_are_named_within_the_discovery_timeout(secure_site, tmp_path):
     """A client with an unknown key, with no key, or with the wrong MA key got
     only "master agent ... did not answer within 5.0s" after 10 s. Each now
@@ -462,7 +405,8 @@ def test_under_a_mixed_attack_a_well_behaved_user_keeps_working():
     docs/security.md.)"""
     from benchmarks.attack import run
     r = run(3.0, secure=False)
-    assert r["attack"]["calls"] > 20 and not r["attack"]["failed"], r["attack"]      # served, none failed
+    # served in every attacked window (each window's calls either answer or count as failed), none failed
+    assert r["attack"]["calls"] >= r["rounds"] and not r["attack"]["failed"], r["attack"]
     assert r["dropped"] == [], r["tree_after"]
     assert all(p["fds"] < 200 for p in r["daemons"].values()), r["daemons"]
     assert sum(s["sent"] for s in r["attackers"].values()) > 1000          # the attack did happen

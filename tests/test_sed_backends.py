@@ -60,6 +60,49 @@ def test_batch_and_cloud_seds_are_seds_with_another_back_end(tmp_path):
         assert isinstance(sed.endpoint, Endpoint)
 
 
+def test_the_policy_timer_wakes_the_policy_when_it_asks_and_never_after_close():
+    """The relay back-ends' one timer (pilots and VMs share it), on the VM
+    pool's real policy: an adopted VM that never registers is destroyed once
+    its boot timeout passed, at the wake-up the policy asked for; with
+    nothing left to wait for the timer stays unset; closed, it never fires."""
+    from gridrpc.sed.backends.relay import PolicyTimer
+    from gridrpc.sed.cloud.policy import VMPool
+    from gridrpc.sed.cloud.pool_model import DestroyVM, PoolConfig
+
+    async def scenario():
+        pool = VMPool(PoolConfig(policy="pool", boot_timeout=0.2))
+        applied: list = []
+
+        def apply(actions):
+            applied.append(actions)
+            timer.arm()                     # as the back-ends do after each batch of actions
+
+        timer = PolicyTimer(pool, apply, time.monotonic)
+        pool.adopt("vm-1", "i-1", time.monotonic())
+        timer.arm()
+        timer.arm()                         # armed again: still one timer
+        assert timer.handle is not None
+        for _ in range(1000):
+            if applied:
+                break
+            await asyncio.sleep(0.01)
+        assert len(applied) == 1, applied
+        actions = applied[0]
+        # the tick came once the boot timeout had passed (the policy destroys the VM only then)
+        assert [(a.name, a.vm_id) for a in actions if isinstance(a, DestroyVM)] == [("vm-1", "i-1")]
+        assert "did not register within 0.2 s" in actions[0].reason and pool.vms == {}
+        assert timer.handle is None                                   # nothing more to wait for
+        pool.adopt("vm-2", "i-2", time.monotonic())
+        timer.arm()
+        timer.close()
+        await asyncio.sleep(0.4)
+        assert len(applied) == 1 and "vm-2" in pool.vms               # closed: the policy was not woken
+        timer.arm()
+        assert timer.handle is None
+
+    asyncio.run(scenario())
+
+
 def test_unknown_isolation_is_a_config_error():
     from gridrpc.errors import ConfigError
     with pytest.raises(ConfigError, match="isolation"):

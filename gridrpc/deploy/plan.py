@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from ..cli.values import write_or_print
 from ..errors import ConfigError
 
 # From three runs of `gridrpc deploy calibrate --seds 50,100,200 --las 5,10 --rounds 60` on the
@@ -426,9 +427,6 @@ def cmd_plan(a) -> int:
         return 1
     text = "".join(f"# {line}\n" for line in why.splitlines()) + dump_deployment(data)
     if a.output:
-        Path(a.output).write_text(text)
-        print(why, file=sys.stderr)
-        print(f"wrote {a.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+        print(why, file=sys.stderr)     # also on stderr: the file holds it only as comments
+    write_or_print(text, a.output)
     return 0

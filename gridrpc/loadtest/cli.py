@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from ..address import parse_address, parse_addresses
+from ..affinity import usable_cores
 from ..errors import ConfigError, GridRPCError
 from .config import format_mix, parse_args, parse_mix
 
@@ -78,11 +79,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def auto_workers() -> int:
     """Locust workers for ``--workers auto``: the cores this process may use,
     minus one for the master and the tree, at least one."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 def workers_arg(text: str) -> int:

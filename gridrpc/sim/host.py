@@ -4,8 +4,8 @@ The model (:mod:`gridrpc.sim.model`, ``Costs``) gives every element's CPU
 per wake-up, message and item in seconds *of the reference host*, the one
 the costs were fitted on. A :class:`HostProfile` says how a host differs:
 
-- ``cores``: the cores its processes share (``os.sched_getaffinity``, so a
-  run under ``taskset -c 0`` is a 1-core host);
+- ``cores``: the cores its processes share (:func:`gridrpc.affinity.usable_cores`,
+  so a run under ``taskset -c 0`` is a 1-core host);
 - ``speed``: its single-core speed relative to the reference host (2.0:
   every job takes half the time), from :func:`single_core_benchmark` run
   on both (``REFERENCE_BENCH_S``, measured on the reference host);
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import orjson
 
+from ..affinity import usable_cores
 from .model import Costs
 
-__all__ = ["HostProfile", "REFERENCE_BENCH_S", "host_cores", "quick_profile", "single_core_benchmark"]
+__all__ = ["HostProfile", "REFERENCE_BENCH_S", "quick_profile", "single_core_benchmark"]
 
 #: :func:`single_core_benchmark` on the kind of host the built-in costs were fitted on (this project's shared
 #: 2-vCPU build host, Python 3.11): 0.393-0.418 ms over four runs, 2026-11-28, load average 9-18, on both
@@ -67,14 +68,6 @@ class HostProfile:
     def load(cls, path: str | Path) -> "HostProfile":
         data = json.loads(Path(path).read_text())
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-
-def host_cores() -> int:
-    """The cores this process may run on (its affinity: ``taskset`` counts)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:          # not Linux
-        return os.cpu_count() or 1
 
 
 def _work(rounds: int) -> int:
@@ -118,7 +111,7 @@ def quick_profile(*, cores: int | None = None, repeats: int = 300, costs: str | 
     t = time.perf_counter()
     bench = single_core_benchmark(repeats)
     speed = REFERENCE_BENCH_S / bench
-    n = cores if cores is not None else host_cores()
+    n = cores if cores is not None else usable_cores()
     return HostProfile(cores=n, speed=round(speed, 3), bench_s=round(bench, 7), costs=costs,
                        source=f"gridrpc sim calibrate --quick: {n} cores, benchmark {bench * 1e3:.3f} ms "
                               f"(reference {REFERENCE_BENCH_S * 1e3:.3f} ms) in {time.perf_counter() - t:.1f} s, "

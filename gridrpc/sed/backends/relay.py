@@ -43,7 +43,7 @@ from . import BaseBackend, Outcome, with_backend
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RelayFailed", "CallGivenUp", "SeDLink", "RelayBackend", "wake"]
+__all__ = ["RelayFailed", "CallGivenUp", "SeDLink", "RelayBackend", "PolicyTimer", "wake"]
 
 
 class RelayFailed(Exception):
@@ -136,6 +136,45 @@ def wake(waiters: dict, call_id: str, result=None, error: BaseException | None =
             fut.set_result(result)
         else:
             fut.set_exception(error)
+
+
+class PolicyTimer:
+    """The one timer of a relay back-end's policy (the pilot pool, the VM
+    pool): :meth:`arm` after each batch of the policy's actions sets it for
+    the policy's ``next_wakeup(now)`` (a time, or None: nothing to wake for),
+    and when it fires the actions of ``policy.tick(now)`` go to ``apply``
+    (which arms it again). ``clock`` is the policy's clock: its times are
+    read on it. It fires ``slack`` seconds past the wake-up, so the policy
+    finds that time passed. After :meth:`close` it never fires again."""
+
+    def __init__(self, policy, apply: Callable[[list], None], clock: Callable[[], float],
+                 slack: float = 0.01) -> None:
+        self.policy, self.apply, self.clock, self.slack = policy, apply, clock, slack
+        self.handle: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def arm(self) -> None:
+        """(Re)set the timer for the policy's next wake-up (on the running loop)."""
+        if self.closed:
+            return
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        now = self.clock()
+        at = self.policy.next_wakeup(now)
+        if at is not None:
+            self.handle = asyncio.get_running_loop().call_later(max(0.0, at - now) + self.slack, self._fire)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _fire(self) -> None:
+        self.handle = None
+        if not self.closed:
+            self.apply(self.policy.tick(self.clock()))
 
 
 def _raw(header: dict, frames: list) -> tuple[MsgType, dict, list]:

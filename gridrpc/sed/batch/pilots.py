@@ -34,7 +34,7 @@ from ...core.events import EventKind, make_event
 from ...errors import InvalidArgument
 from ...runtime.worker_agent import WorkerAgent
 from ...transport.channel import host_of
-from ..backends.relay import CallGivenUp, RelayBackend, RelayFailed, wake
+from ..backends.relay import CallGivenUp, PolicyTimer, RelayBackend, RelayFailed, wake
 from . import jobfiles
 from .base import BatchBackend, BatchError, JobSpec, JobState
 from .config import CALL_OPTION, BatchConfig
@@ -105,7 +105,7 @@ class PilotJobs(ImportableServices, RelayBackend):
         self.jobs_submitted = 0
         self._bg: set[asyncio.Task] = set()
         self._tasks: list[asyncio.Task] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self.timer = PolicyTimer(self.policy, self._apply, time.time)   # pilot times: wall clock (walltimes)
         self._unknown_since: dict[str, float] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix=f"{sed_name}-pilot-cmd")
 
@@ -129,8 +129,7 @@ class PilotJobs(ImportableServices, RelayBackend):
 
     async def close(self) -> None:
         self.closing = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self.timer.close()
         for t in self._tasks:
             t.cancel()
         await self.stop_relays()
@@ -169,7 +168,7 @@ class PilotJobs(ImportableServices, RelayBackend):
                 self._spawn(self._cancel(a))
             elif isinstance(a, Note):
                 self._note(a.what, a.pilot, a.detail)
-        self._arm_timer()
+        self.timer.arm()
 
     def _note(self, what: str, pilot: str | None, detail: str) -> None:
         now = time.time()
@@ -181,22 +180,6 @@ class PilotJobs(ImportableServices, RelayBackend):
         if sed is not None:
             sed.outbox.emit(make_event(_NOTE_KINDS[what], now, self.sed_name, server=pilot or self.sed_name,
                                        detail=detail))
-
-    def _arm_timer(self) -> None:
-        if self.closing:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        now = time.time()
-        wake = self.policy.next_wakeup(now)
-        if wake is not None:
-            self._timer = asyncio.get_running_loop().call_later(max(0.0, wake - now) + 0.01, self._tick)
-
-    def _tick(self) -> None:
-        self._timer = None
-        if not self.closing:
-            self._apply(self.policy.tick(time.time()))
 
     async def _submit(self, name: str) -> None:
         workdir = os.path.join(self.pilots_dir, jobfiles.safe_name(name))

@@ -60,9 +60,10 @@ class LiveCall(CallRecord):
 class CallsMixin(RunsMixin):
     """Receives calls (checks, duplicates, admission, acknowledgement), their
     cancels and pings; running and answering them is :class:`RunsMixin`'s."""
-    def _reject(self, route: list, cid: str, kind: str, message: str, **extra) -> None:
+    def _reject(self, route: list, error: dict) -> None:
+        """Refuse a message: count it and send ``error`` (an ERROR header) back."""
         self.stats["rejected"] += 1
-        self.endpoint.send(route, m.error_header(cid, kind, message, **extra))
+        self.endpoint.send(route, error)
 
     def _can_start_now(self, r) -> bool:
         """Would a call admitted now start at once on replica ``r`` (a free
@@ -79,8 +80,7 @@ class CallsMixin(RunsMixin):
         who = uid or msg.peer           # as _who(msg)
         user = _user_of(uid, h)         # as message_user(msg)
         if not self.lifecycle.owned_by(cid, who):
-            self.stats["rejected"] += 1
-            return self.endpoint.send(route, not_owner_error(cid, self.name))
+            return self._reject(route, not_owner_error(cid, self.name))
         dup = self.lifecycle.duplicate(cid)
         if dup is None and cid in self.data.resolving:      # still fetching its data: acknowledge again
             self.data.resolving[cid][0].route = route
@@ -94,23 +94,24 @@ class CallsMixin(RunsMixin):
             return
         size = sum(len(b) for b in buffers) if buffers else 0
         if size > self.max_message_size:
-            return self._reject(route, cid, "too_large", f"call of {size} bytes exceeds this SeD's "
-                                f"max_message_size of {self.max_message_size} bytes")
+            return self._reject(route, m.error_header(cid, "too_large", f"call of {size} bytes exceeds this SeD's "
+                                                      f"max_message_size of {self.max_message_size} bytes"))
         if size and self._arg_bytes.get(user, 0) + size > self.max_arg_bytes_per_user:
-            return self._reject(route, cid, "refused", f"SeD {self.name}: user {user!r} has "
-                                f"{self._arg_bytes.get(user, 0)} bytes of arguments in calls queued or running "
-                                f"here; {size} more would pass the limit max_arg_bytes_per_user="
-                                f"{self.max_arg_bytes_per_user}")
+            return self._reject(route, m.error_header(
+                cid, "refused", f"SeD {self.name}: user {user!r} has {self._arg_bytes.get(user, 0)} bytes of "
+                f"arguments in calls queued or running here; {size} more would pass the limit "
+                f"max_arg_bytes_per_user={self.max_arg_bytes_per_user}"))
         r = call_replica(h, self.replicas)
         if r is None:
-            return self._reject(route, cid, "no_server", f"no SeD named {h.get('sed')!r} here "
-                                f"(this process serves {', '.join(self.replicas)})")
+            return self._reject(route, m.error_header(cid, "no_server", f"no SeD named {h.get('sed')!r} here "
+                                                      f"(this process serves {', '.join(self.replicas)})"))
         svc = self.services.get(h["service"])
         if svc is None:
-            return self._reject(route, cid, "service_not_found", f"SeD {r.name} does not offer {h['service']!r}")
+            return self._reject(route, m.error_header(cid, "service_not_found",
+                                                      f"SeD {r.name} does not offer {h['service']!r}"))
         refusal = self.access.check(svc.name, user, self._in_flight)
         if refusal is not None:
-            return self._reject(route, cid, "refused", f"SeD {r.name}: {refusal}")
+            return self._reject(route, m.error_header(cid, "refused", f"SeD {r.name}: {refusal}"))
         if h.get("start_now") is True and not self._can_start_now(r):
             # the client's view saw this server free and has other candidates: never queue here
             self.stats["busy"] += 1
@@ -128,7 +129,7 @@ class CallsMixin(RunsMixin):
             svc.check(args, kwargs)
         except (ProtocolError, InvalidArgument) as exc:
             ex.remove_workdir(workdir)
-            return self._reject(route, cid, wire_kind(exc), str(exc), type_=type(exc).__name__)
+            return self._reject(route, m.error_header(cid, wire_kind(exc), str(exc), type_=type(exc).__name__))
         now = time.time()
         call = LiveCall(id=cid, sed=r.name, service=svc.name, user=user, owner=who,
                         optional=bool(h.get("optional", False)), received=now, route=route, replica=r, svc=svc,
@@ -143,7 +144,7 @@ class CallsMixin(RunsMixin):
                 return
         except GridRPCError as exc:
             ex.remove_workdir(workdir)
-            return self._reject(route, cid, "data", str(exc), type_=type(exc).__name__)
+            return self._reject(route, m.error_header(cid, "data", str(exc), type_=type(exc).__name__))
         self.admit(call, now)
         if self.lifecycle.paused:
             self._paused_calls += 1
@@ -234,9 +235,8 @@ class CallsMixin(RunsMixin):
     def _on_cancel(self, msg: Incoming) -> None:
         cid = msg.id
         if not self.lifecycle.owned_by(cid, _who(msg)):
-            self.stats["rejected"] += 1
-            return self.endpoint.reply_error(msg, "refused", f"call {cid} belongs to another client: "
-                                             "only its owner may cancel it")
+            return self._reject(msg.route, m.error_header(cid, "refused", f"call {cid} belongs to another client: "
+                                                          "only its owner may cancel it"))
         if self.data.cancel(cid):
             self.stats["cancelled"] += 1
             return self.endpoint.reply(msg, m.make(MsgType.CANCELLED, cid, state="queued"))

@@ -29,7 +29,7 @@ from ...core.agent.machine import LocalRole
 from ...core.events import EventKind, make_event
 from ...runtime.agent import AgentRuntime
 from ...transport.channel import host_of
-from ..backends.relay import CallGivenUp, RelayBackend, RelayFailed, wake
+from ..backends.relay import CallGivenUp, PolicyTimer, RelayBackend, RelayFailed, wake
 from .config import CloudConfig, render_user_data, vm_command
 from .policy import CreateVM, DestroyVM, Dispatch, FailCall, PoolConfig, VMPool
 from .provider import (TERMINAL_STATES, CloudAuthError, CloudError, CloudProvider, UnknownImage,
@@ -98,7 +98,7 @@ class CloudVMs(RelayBackend):
         self._tasks: list[asyncio.Task] = []
         self._destroyed_ids: set[str] = set()
         self._destroy_retry: dict[str, str] = {}  # vm id -> name, for failed terminations
-        self._pool_timer: asyncio.TimerHandle | None = None
+        self.timer = PolicyTimer(self.policy, self._apply_pool, time.monotonic)
         self.events: list[tuple[float, str, str]] = []   # (time, what, vm name): for tests/dashboard
 
     def bind(self, sed) -> None:
@@ -128,8 +128,7 @@ class CloudVMs(RelayBackend):
 
     async def close(self) -> None:
         self.closing = True
-        if self._pool_timer:
-            self._pool_timer.cancel()
+        self.timer.close()
         for t in self._tasks:
             t.cancel()
         await self.stop_relays()
@@ -206,28 +205,12 @@ class CloudVMs(RelayBackend):
                 if a.vm_id is not None:
                     log.info("cloud SeD %s: terminating VM %s (%s): %s", self.sed_name, a.name, a.vm_id, a.reason)
                     self._spawn(self._destroy_quietly(a.vm_id, a.name, a.reason))
-        self._arm_pool_timer()
+        self.timer.arm()
 
     def _spawn(self, coro) -> None:
         t = asyncio.get_running_loop().create_task(coro)
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
-
-    def _arm_pool_timer(self) -> None:
-        if self.closing:
-            return
-        wake = self.policy.next_wakeup(time.monotonic())
-        if self._pool_timer is not None:
-            self._pool_timer.cancel()
-            self._pool_timer = None
-        if wake is not None:
-            delay = max(0.0, wake - time.monotonic()) + 0.005
-            self._pool_timer = asyncio.get_running_loop().call_later(delay, self._pool_tick)
-
-    def _pool_tick(self) -> None:
-        self._pool_timer = None
-        if not self.closing:
-            self._apply_pool(self.policy.tick(time.monotonic()))
 
     def _record(self, what: str, vm: str) -> None:
         now = time.time()

@@ -97,7 +97,7 @@ FULL = {
     "view": {"name": "LA1", "entries": [{"name": "sed-1", "services": {"add": {"eft": 1.0, "num_waiting": 0}},
                                          "age_ms": 1.5}], "gone": ["sed-2"]},
     "data_put": {"ref": "r-1", "sed": "sed-1", "user": "alice", "mode": "sticky", "value": {"__t": "nd", "i": 0},
-                 "source": {"name": "sed-2", "address": "tcp://h:2"}},
+                 "source": {"name": "sed-2", "address": "tcp://h:2", "size": 8 << 20}},
     "data_get": {"ref": "r-1", "user": "alice", "call": False, "wait": 10, "transfer": True, "sed": "sed-1"},
     "data_free": {"ref": "r-1", "user": "alice"},
     "data": {"ref": "r-1", "holder": "sed-1", "size": 800, "mode": "persistent_return", "value": [1]},
@@ -162,6 +162,8 @@ BAD = [
     # data held on SeDs: reference ids are request ids, never paths
     ("data_put", "ref", "../etc/passwd"), ("data_put", "ref", ".."), ("data_put", "mode", "forever"),
     ("data_put", "source", {"name": "../x", "address": "tcp://h:1"}), ("data_get", "ref", "a/b"),
+    ("data_put", "source", {"name": "sed-2", "address": "tcp://h:1", "size": -1}),
+    ("data_put", "source", {"name": "sed-2", "address": "tcp://h:1", "size": "8 MB"}),
     ("data_get", "wait", -1), ("data_free", "ref", 5), ("data", "size", -1),
     ("batch", "n", []), ("batch", "n", [0]), ("batch", "n", [1] * 513), ("batch", "n", [1025]),
     ("batch", "n", [1.5]),

@@ -196,6 +196,7 @@ def test_a_data_source_is_checked_against_its_own_key_not_the_whole_directory(tm
     store.create("alice", "user")
     f = Fetching()
     f.sed = SimpleNamespace(security=Security(keys=store, name="sed-2", role="element"))
+    f._holder_keys = {}
 
     def scanned():
         raise AssertionError("the whole key directory was read")
@@ -205,3 +206,34 @@ def test_a_data_source_is_checked_against_its_own_key_not_the_whole_directory(tm
     for stranger in ("sed-9", "alice", "../elements/sed-1"):
         with pytest.raises(DataError, match="is not an element of this site"):
             f._peer_options({"sed": stranger})
+
+
+def test_a_holder_key_or_its_absence_is_remembered_for_a_while(tmp_path, monkeypatch):
+    """A flood of puts naming the same unknown holder looks for its key files once per
+    KEY_MEMORY, not once per put; a key added to the directory is found after that time."""
+    from types import SimpleNamespace
+    from gridrpc.errors import DataError
+    from gridrpc.sed.data import fetch
+    store = KeyStore(tmp_path / "k")
+    store.create("sed-1", "element")
+    f = fetch.Fetching()
+    f.sed = SimpleNamespace(security=Security(keys=store, name="sed-1", role="element"))
+    f._holder_keys = {}
+    looked = []
+    real = KeyStore.public
+    monkeypatch.setattr(KeyStore, "public", lambda self, name, role: looked.append(name) or real(self, name, role))
+    for _ in range(50):
+        with pytest.raises(DataError, match="is not an element"):
+            f._peer_options({"sed": "sed-7"})
+    assert looked == ["sed-7", "sed"]               # its own key and its process's, once
+    store.create("sed-7", "element")
+    with pytest.raises(DataError):                  # still remembered as absent
+        f._peer_options({"sed": "sed-7"})
+    monkeypatch.setattr(fetch, "KEY_MEMORY", 0.0)
+    f._holder_keys.clear()
+    assert f._peer_options({"sed": "sed-7"})[zmq.CURVE_SERVERKEY] == store.public("sed-7", "element")
+    monkeypatch.setattr(fetch, "MAX_KEYS_REMEMBERED", 3)
+    for i in range(10):                            # bounded: the oldest names are forgotten
+        with pytest.raises(DataError):
+            f._peer_options({"sed": f"nobody-{i}"})
+    assert len(f._holder_keys) <= 3

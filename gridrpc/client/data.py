@@ -10,7 +10,6 @@ the bytes from the holder itself (see :mod:`gridrpc.sed.data.store`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +22,11 @@ from ..core.refs import RefTag
 from ..errors import CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable, error_from_wire
 from ..files import read_file
 from ..runtime.data_request import DataRequests
-from ..transport.channel import Channel, connect_dealer
 from .futures import Call, ServerInfo
 from .ids import new_id
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..transport.pipes import Pipe
     from .aio import AsyncClient
 
 __all__ = ["DataRef", "DataClient", "prepare_args", "keep_spec", "MODES"]
@@ -116,21 +115,19 @@ class DataClient:
     :class:`~gridrpc.core.data_request.DataRequest` (a SeD silent for
     ``ping_timeout`` is lost). Under CURVE the requests to a SeD and its
     answers take a bulk session over that channel
-    (:class:`~gridrpc.transport.bulk_client.BulkLinks`, as calls do) once a
-    message with a large frame went to it or came from it: a put or get of
-    bulk data then moves sealed with AES-256-GCM instead of through CURVE."""
+    (:class:`~gridrpc.transport.pipes.Pipes`, as calls and a SeD's
+    fetches do) once a message with a large frame went to it or came from it:
+    a put or get of bulk data then moves sealed with AES-256-GCM instead of
+    through CURVE."""
 
     def __init__(self, client: "AsyncClient") -> None:
+        from ..transport.pipes import Pipes
         self.client = client
-        self._channels: dict[str, Channel] = {}
-        self._pipes: dict[str, _Pipe] = {}
         self._requests = DataRequests()
+        self._pipes = Pipes(self._requests.on_message, secure=bool(client.secure))
         self.bytes_sent = self.bytes_received = 0
         #: this client's bulk sessions for data (None without CURVE)
-        self.bulk = None
-        if client.secure:
-            from ..transport.bulk_client import BulkLinks
-            self.bulk = BulkLinks(self._send_curve, self._requests.on_message)
+        self.bulk = self._pipes.links
 
     def in_flight(self) -> int:
         """Data requests awaiting an answer."""
@@ -138,34 +135,16 @@ class DataClient:
 
     def close(self) -> None:
         self._requests.close(CommunicationError("client closed"))
-        if self.bulk is not None:
-            self.bulk.close()
-        for ch in self._channels.values():
-            ch.close()
+        self._pipes.close()
 
     # -- Links: the channels of the requests ---------------------------------------------------
-    async def holder_channel(self, name: str, address: str, header: dict) -> "Channel | _Pipe":
-        ch = self._channels.get(address)
-        if ch is None or ch.closed:
+    async def holder_channel(self, name: str, address: str, header: dict) -> Pipe:
+        pipe = self._pipes.get(address)
+        if pipe is None:
             opts = await self.client.dealer_options(address)
-            on_message = (functools.partial(self._on_curve, address) if self.bulk is not None
-                          else functools.partial(self._requests.on_message, address))
-            ch = self._channels[address] = Channel(connect_dealer(address, options=opts), on_message,
-                                                   name=f"client-data->{address}")
-            if self.bulk is not None:
-                self._pipes[address] = _Pipe(address, ch, self.bulk)
-        return ch if self.bulk is None else self._pipes[address]
-
-    def _send_curve(self, address: str, frames: list) -> None:
-        ch = self._channels.get(address)
-        if ch is None or ch.closed:
-            raise CommunicationError(f"no data connection to {address}")
-        ch.send(frames)
-
-    def _on_curve(self, address: str, frames: list) -> None:
-        """A SeD's message over CURVE: the answer to a ``bulk_open`` is the bulk sessions' own."""
-        if not self.bulk.intercept(address, frames):
-            self._requests.on_message(address, frames)
+            # another request may have connected while this one waited for the options
+            pipe = self._pipes.get(address) or self._pipes.connect(address, opts, name=f"client-data->{address}")
+        return pipe
 
     def holder_done(self, address: str) -> None:
         """Channels to SeDs stay open for the client's life."""
@@ -267,7 +246,8 @@ class DataClient:
             return
         names = {h[0] for h in have}
         candidates = await self.choose(exclude=names)
-        src = {"name": ref.holder, "address": ref.address}
+        # the size lets the new holder open a bulk session before fetching a large value
+        src = {"name": ref.holder, "address": ref.address, "size": ref.size}
         for s in candidates:
             if want <= 0:
                 break
@@ -281,20 +261,6 @@ class DataClient:
             want -= 1
         if want > 0:
             raise NoServerAvailable(f"data reference {ref.id}: only {int(n) - want} of {n} copies could be made")
-
-
-class _Pipe:
-    """What a data request sends to the SeD at ``address`` through (secure
-    clients): the bulk session when one is usable, else the CURVE channel."""
-
-    __slots__ = ("address", "channel", "bulk")
-
-    def __init__(self, address: str, channel: Channel, bulk) -> None:
-        self.address, self.channel, self.bulk = address, channel, bulk
-
-    def send(self, frames: list) -> None:
-        if not self.bulk.send(self.address, frames):
-            self.channel.send(frames)
 
 
 def _next_holder_on(error: dict) -> bool:

@@ -289,11 +289,13 @@ DATA_MODE = one_of("volatile", "persistent", "persistent_return", "sticky")
 
 
 def _source(v: object) -> bool:
+    size = v.get("size", 0) if type(v) is dict else None
     return (type(v) is dict and len(v) <= 4 and valid_name(v.get("name"))
-            and type(v.get("address")) is str and len(v["address"]) <= ADDRESS)
+            and type(v.get("address")) is str and len(v["address"]) <= ADDRESS
+            and type(size) is int and 0 <= size <= 2**62)
 
 
-SOURCE = (_source, "{\"name\": element name, \"address\": string}")
+SOURCE = (_source, "{\"name\": element name, \"address\": string, \"size\": bytes (optional)}")
 
 ELEMENT_INFO = [("address", False, *string(ADDRESS)), ("host", False, *string(255)),
                 ("pid", False, *integer(0, 2**32)), ("started", False, *number(0, 1e12)),

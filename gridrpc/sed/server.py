@@ -440,6 +440,7 @@ class SeD(CallsMixin, Daemon):
                 **self.stats, "bad_messages": self.endpoint.stats.bad_messages,
                 "queues": {n: r.scheduler.statistics() for n, r in self.replicas.items()},
                 "results": self.lifecycle.statistics(), "endpoint": self.endpoint.stats.snapshot(),
+                "bulk": self.endpoint.bulk_stats,
                 **self.execution.statistics(), "data": self.data.statistics()}
 
 

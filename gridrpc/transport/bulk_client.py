@@ -1,12 +1,15 @@
 """The client's side of bulk sessions (gridrpc.transport.bulk): one per SeD.
 
 A secure :class:`gridrpc.AsyncClient` holds a :class:`BulkLinks` for its
-calls, and its data requests (:mod:`gridrpc.client.data`) one of their own
-over their own CURVE connections. Each asks a SeD for a session over CURVE
-the first time a message with a large frame goes to it or comes from it,
-connects the session's bulk socket, and from then on sends every message to
-that SeD sealed through it; until the session is usable, and whenever it
-fails, messages go over CURVE.
+calls; data requests, a client's (:mod:`gridrpc.client.data`) and a SeD's
+fetches from other SeDs (:mod:`gridrpc.sed.data.fetch`), hold one each
+through :class:`gridrpc.transport.pipes.Pipes`, over their own CURVE
+connections. Each asks a SeD for a session over CURVE the first time a
+message with a large frame goes to it or comes from it (or before a request
+whose answer is known to be large: :meth:`BulkLinks.ask`), connects the
+session's bulk socket, and from then on sends every message to that SeD
+sealed through it; until the session is usable, and whenever it fails,
+messages go over CURVE.
 """
 from __future__ import annotations
 
@@ -156,17 +159,26 @@ class BulkLinks:
                     log.info("bulk connection to %s is down (%s): back to CURVE", link.address, exc)
                     link.dead = True
             if link.dead:
-                link.close()
-                del self._links[address]
-                self._retry_at[address] = time.monotonic() + self.RETRY_S
+                self._give_up(address, link)
             return False
         if address not in self._asked and _has_big(frames):
-            self._ask(address)
+            self.ask(address)
         return False
 
-    def _ask(self, address: str) -> None:
-        if time.monotonic() < self._retry_at.get(address, 0.0):
-            return
+    def _give_up(self, address: str, link: BulkClient) -> None:
+        link.close()
+        del self._links[address]
+        self._retry_at[address] = time.monotonic() + self.RETRY_S
+
+    def __contains__(self, address: str) -> bool:
+        """Whether a session with ``address`` is open (usable or connecting) or asked."""
+        return address in self._links or address in self._asked
+
+    def ask(self, address: str) -> bool:
+        """Ask ``address`` for a session over CURVE; False (nothing sent) when a session with it is
+        open or asked already, or one failed less than :attr:`RETRY_S` ago."""
+        if address in self or time.monotonic() < self._retry_at.get(address, 0.0):
+            return False
         from ..core import messages as m
         from ..core.messages import MsgType
         from .channel import routing_id
@@ -176,6 +188,33 @@ class BulkLinks:
             self._send_curve(address, [m.dumps(m.make(MsgType.BULK_OPEN, rid, route=ident.hex()))])
         except Exception as exc:  # noqa: BLE001 - no session then: CURVE carries everything
             log.debug("could not ask %s for a bulk session: %s", address, exc)
+            return False
+        return True
+
+    def usable(self, address: str) -> bool:
+        """Whether a message to ``address`` would go through its session now (a session found
+        dead is given up)."""
+        link = self._links.get(address)
+        if link is None:
+            return False
+        if link.usable():
+            return True
+        if link.dead:
+            self._give_up(address, link)
+        return False
+
+    def sessions(self) -> int:
+        """Sessions open (usable or still connecting)."""
+        return len(self._links)
+
+    def drop(self, address: str) -> None:
+        """Close the session with ``address`` (its CURVE connection is closed): one is asked again
+        the next time it is needed."""
+        link = self._links.pop(address, None)
+        if link is not None:
+            link.close()
+        self._asked.pop(address, None)
+        self._retry_at.pop(address, None)
 
     def intercept(self, address: str, frames: list) -> bool:
         """True when ``frames`` (a message from ``address`` over CURVE) was the answer to this
@@ -185,10 +224,29 @@ class BulkLinks:
         if b'"bulk_opened"' in head[:48]:
             self._opened(address, head)
             return True
+        if b'"type":"error","id":"bulk-' in head[:64]:
+            return self._refused(address, head)
         if len(frames) > 1 and address not in self._links and address not in self._asked \
                 and _has_big(frames[1:]):
-            self._ask(address)
+            self.ask(address)
         return False
+
+    def _refused(self, address: str, head: bytes) -> bool:
+        """The server's error answer to this client's ``bulk_open`` (a limit): CURVE carries its
+        messages, and a session is asked again after :attr:`RETRY_S`."""
+        from ..core import messages as m
+        asked = self._asked.get(address)
+        try:
+            _, h = m.parse_header(head)
+        except ProtocolError:
+            return False
+        if asked is None or h["id"] != asked[0]:
+            return False
+        del self._asked[address]
+        self._retry_at[address] = time.monotonic() + self.RETRY_S
+        log.info("%s refused a bulk session (%s): CURVE carries the messages", address,
+                 (h.get("error") or {}).get("message"))
+        return True
 
     def _opened(self, address: str, head: bytes) -> None:
         from ..core import messages as m

@@ -3,25 +3,35 @@ bytes come from this process, else from its holder, else a replica, over a
 DEALER per holder (under CURVE with this SeD's element key, pinning the
 holder's key); a holder silent for ``fetch_timeout`` is reported lost.
 
+Under CURVE the requests to a holder and its answers take a bulk session
+(:class:`~gridrpc.transport.pipes.Pipes`, as a client's data requests
+do): AES-256-GCM on a second connection, keyed over the CURVE one. It is
+asked before fetching a value whose reference says it is at least
+:data:`SEALED_FROM` bytes (waiting up to :data:`SESSION_WAIT` for it), and
+after any large answer that came over CURVE. The holder knows the session as
+this SeD's CURVE peer: a request through it is this SeD's element key
+speaking, exactly as over CURVE (it names the user it fetches for, and the
+holder's ownership checks apply to that user).
+
 The holder's address comes from a message (a reference, a ``data_put``'s
 ``source``), so the sockets it opens are bounded: only ``tcp://host:port``
 addresses (never a path: no ``ipc://``), at most :data:`MAX_PEERS` holders
 connected at once (the least recently used idle one is closed for a new
 one; when all are busy the fetch fails at once, naming the limit), and a
-holder unused for :data:`PEER_IDLE` seconds is disconnected. Under CURVE a
-holder must be an element whose key is in the key directory. Each fetch is a
+holder unused for :data:`PEER_IDLE` seconds is disconnected (its bulk
+session closed with it). Under CURVE a holder must be an element whose key
+is in the key directory. Each fetch is a
 :class:`~gridrpc.core.data_request.DataRequest` driven by
 :class:`~gridrpc.runtime.data_request.DataRequests`, to which this class
 gives the channels (its ``holder_channel`` and ``holder_done``).
 
 :class:`Fetching` holds those methods; :class:`~gridrpc.sed.data.store.SedData`
-inherits them and owns the state (``_peers``, ``_peer_busy``, ``_peer_used``,
+inherits them and owns the state (``pipes``, ``_holder_keys``, ``_peer_busy``, ``_peer_used``,
 ``requests``, ``stats``).
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 import time
@@ -32,7 +42,7 @@ from ...core.data_request import DataRequest, Failed, GiveUp
 from ...core.messages import MsgType
 from ...core.refs import RefTag
 from ...errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, error_from_wire
-from ...transport.channel import Channel, connect_dealer
+from ...transport.pipes import Pipe
 
 __all__ = ["Fetching"]
 
@@ -42,6 +52,15 @@ log = logging.getLogger("gridrpc.sed.data.store")      # the data runtime's one 
 MAX_PEERS = 32
 #: a holder unused this long (seconds) is disconnected
 PEER_IDLE = 30.0
+#: under CURVE, a value whose reference says it is this large (bytes) is fetched through a bulk
+#: session asked before the request, so that the first one comes sealed too
+SEALED_FROM = 1 << 20
+#: how long such a fetch waits for its session to be usable (seconds); then it takes CURVE
+SESSION_WAIT = 1.0
+#: how long a holder's element key, or its absence, is remembered (seconds)
+KEY_MEMORY = 5.0
+#: holders whose key (or its absence) is remembered at once
+MAX_KEYS_REMEMBERED = 1024
 _TCP = re.compile(r"tcp://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})")
 
 
@@ -66,28 +85,45 @@ class Fetching:
         holder = header.get("sed")
         if not isinstance(holder, str):
             raise CommunicationError("cannot fetch data securely: the holder's name is unknown")
-        # the holder's own element key, else its process's (replica ``sed-1-01`` of ``sed-1``): two
-        # files looked at, not the whole directory, which a flood of puts naming new sources would
-        # have read once per put
-        base = holder.rsplit("-", 1)[0]
-        for name in (holder, base):
+        # the holder's own element key, else its process's (replica ``sed-1-01`` of ``sed-1``)
+        public = self._holder_key(holder, sec.keys)
+        if public is None:
+            raise DataError(f"data holder {holder!r} is not an element of this site (no element key for "
+                            f"{holder!r} or {holder.rsplit('-', 1)[0]!r} in the key directory)")
+        return sec.client_options(public)
+
+    def _holder_key(self, holder: str, keys) -> bytes | None:
+        """The element key of ``holder`` (or of its process), None when there is none, remembered
+        for :data:`KEY_MEMORY` seconds (at most :data:`MAX_KEYS_REMEMBERED` names, oldest
+        forgotten first): a flood of puts naming unknown holders costs a dictionary lookup each,
+        not two key files looked for; a key added to the directory is seen within that time."""
+        now = time.monotonic()
+        known = self._holder_keys.get(holder)
+        if known is not None and known[0] > now:
+            return known[1]
+        public = None
+        for name in (holder, holder.rsplit("-", 1)[0]):
             try:
-                return sec.client_options(sec.keys.public(name, "element"))
+                public = keys.public(name, "element")
+                break
             except ConfigError:
                 continue
-        raise DataError(f"data holder {holder!r} is not an element of this site (no element key for "
-                        f"{holder!r} or {base!r} in the key directory)")
+        self._holder_keys.pop(holder, None)
+        if len(self._holder_keys) >= MAX_KEYS_REMEMBERED:
+            del self._holder_keys[next(iter(self._holder_keys))]
+        self._holder_keys[holder] = (now + KEY_MEMORY, public)
+        return public
 
     # -- Links (gridrpc.runtime.data_request): the channels of the fetches -------------------------
-    async def holder_channel(self, name: str, address: str, header: dict) -> Channel:
-        """The channel to a holder, counted busy until :meth:`holder_done`."""
-        ch = self._peer(address, header)
+    async def holder_channel(self, name: str, address: str, header: dict) -> Pipe:
+        """The pipe to a holder, counted busy until :meth:`holder_done`."""
+        pipe = self._peer(address, header)
         self._peer_busy[address] = self._peer_busy.get(address, 0) + 1
-        return ch
+        return pipe
 
     def holder_done(self, address: str) -> None:
         busy = self._peer_busy[address] - 1
-        if address in self._peers:
+        if address in self.pipes:
             self._peer_busy[address] = busy
             self._peer_used[address] = time.monotonic()
         elif busy:
@@ -95,47 +131,41 @@ class Fetching:
         else:
             del self._peer_busy[address]
 
-    def _peer(self, address: str, header: dict) -> Channel:
-        """The channel to a holder: reused, else opened within :data:`MAX_PEERS`."""
+    def _peer(self, address: str, header: dict) -> Pipe:
+        """The pipe to a holder: reused, else opened within :data:`MAX_PEERS`."""
         check_peer_address(address)
-        ch = self._peers.pop(address, None)
-        if ch is not None and not ch.closed:
-            self._peers[address] = ch               # most recently used last
-            return ch
+        pipe = self.pipes.get(address)              # now the most recently used
+        if pipe is not None:
+            return pipe
         self._close_idle_peers(time.monotonic())
-        if len(self._peers) >= MAX_PEERS:
-            idle = next((a for a in self._peers if not self._peer_busy.get(a)), None)
+        if len(self.pipes) >= MAX_PEERS:
+            idle = next((a for a in self.pipes if not self._peer_busy.get(a)), None)
             if idle is None:
                 raise DataError(f"SeD {self.sed.name} is already fetching from {MAX_PEERS} data holders "
                                 "(its limit); try again later")
             self._close_peer(idle)
-        options = self._peer_options(header)
-        ch = self._peers[address] = Channel(connect_dealer(address, options=options),
-                                            functools.partial(self.requests.on_message, address),
-                                            name=f"{self.sed.name}->{address}")
+        pipe = self.pipes.connect(address, self._peer_options(header), name=f"{self.sed.name}->{address}")
         self._peer_used[address] = time.monotonic()
         if self._peer_sweep is None:
             self._peer_sweep = asyncio.get_running_loop().call_later(PEER_IDLE, self._sweep_peers)
-        return ch
+        return pipe
 
     def _close_peer(self, address: str) -> None:
-        ch = self._peers.pop(address, None)
-        if ch is not None:
-            ch.close()
+        self.pipes.close_one(address)               # its bulk session too
         self._peer_used.pop(address, None)
         self.requests.forget(address)
         if not self._peer_busy.get(address):
             self._peer_busy.pop(address, None)
 
     def _close_idle_peers(self, now: float) -> None:
-        for address in [a for a in self._peers if not self._peer_busy.get(a)
+        for address in [a for a in self.pipes if not self._peer_busy.get(a)
                         and now - self._peer_used.get(a, now) >= PEER_IDLE]:
             self._close_peer(address)
 
     def _sweep_peers(self) -> None:
         self._peer_sweep = None
         self._close_idle_peers(time.monotonic())
-        if self._peers and not self.sed.endpoint.closed:
+        if len(self.pipes) and not self.sed.endpoint.closed:
             self._peer_sweep = asyncio.get_running_loop().call_later(PEER_IDLE / 2, self._sweep_peers)
 
     async def fetch(self, tag: RefTag, user: str, wait: float | None = None) -> tuple[Any, list]:
@@ -158,7 +188,9 @@ class Fetching:
                           sed=send.name), ()
         t = self.config.fetch_timeout
         req = DataRequest(holders, timeout=t + wait, silence=t, new_id=new_id, retry=_next_holder_on)
-        end, answer = await self.requests.run(req, self, header_for)
+        size = tag.desc.get("size")
+        links = _Sealed(self) if type(size) is int and size >= SEALED_FROM and self.pipes.links is not None else self
+        end, answer = await self.requests.run(req, links, header_for)
         if type(end) is Failed:
             if end.error is not None:
                 err = error_from_wire(end.error)
@@ -171,6 +203,29 @@ class Fetching:
         self.stats["fetched"] += 1
         self.stats["fetched_bytes"] += sum(len(b) for b in buffers)
         return hh.get("value"), buffers
+
+
+class _Sealed:
+    """The links of one fetch of a large value: :class:`Fetching`'s, with a bulk session with
+    each holder made usable (:meth:`~gridrpc.transport.pipes.Pipes.sealed`) before the
+    request goes to it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Fetching) -> None:
+        self.data = data
+
+    async def holder_channel(self, name: str, address: str, header: dict) -> Pipe:
+        pipe = await self.data.holder_channel(name, address, header)
+        try:
+            await self.data.pipes.sealed(address, SESSION_WAIT)
+        except BaseException:
+            self.data.holder_done(address)          # the request never holds this pipe (cancelled)
+            raise
+        return pipe
+
+    def holder_done(self, address: str) -> None:
+        self.data.holder_done(address)
 
 
 def _reason(g: GiveUp) -> str:

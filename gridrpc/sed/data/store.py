@@ -40,8 +40,8 @@ from ...core.refs import RefTag, fetch_bytes
 from ...core.tally import tally
 from ...errors import DataError, DataLost, ProtocolError, wire_kind
 from ...runtime.data_request import DataRequests
-from ...transport.channel import Channel
 from ...transport.endpoint import Incoming
+from ...transport.pipes import Pipes
 from .held_bytes import HeldBytes, nbytes, value_nbytes
 from .call_refs import CallData, not_yours
 from .fetch import Fetching, log
@@ -103,11 +103,14 @@ class SedData(HeldBytes, Fetching, CallData):
         self.resolving: dict[str, tuple[Any, asyncio.Task]] = {}  # call id -> (call, task) fetching inputs
         self.keeps: dict[str, tuple[str, Mode]] = {}
         self.pins: dict[str, list[str]] = {}                     # call id -> local refs it pinned
-        self._peers: dict[str, Channel] = {}                    # holder address -> channel, least recent first
+        self.requests = DataRequests(log, f"SeD {sed.name}")     # fetches in flight (gridrpc.runtime)
+        sec = sed.security
+        self._holder_keys: dict[str, tuple[float, bytes | None]] = {}   # see Fetching._holder_key
+        #: holder address -> its pipe (CURVE channel and bulk session), least recently used first
+        self.pipes = Pipes(self.requests.on_message, secure=sec is not None and sec.enabled)
         self._peer_busy: dict[str, int] = {}                   # requests in flight per holder
         self._peer_used: dict[str, float] = {}                 # when each holder was last used (monotonic)
         self._peer_sweep: asyncio.TimerHandle | None = None
-        self.requests = DataRequests(log, f"SeD {sed.name}")     # fetches in flight (gridrpc.runtime)
         self._files = 0
         self.stats = {"fetched": 0, "fetched_bytes": 0, "served": 0, "served_bytes": 0}
 
@@ -123,7 +126,11 @@ class SedData(HeldBytes, Fetching, CallData):
         return e is not None and e.where is not Where.PENDING
 
     def statistics(self) -> dict:
-        return {**self.store.statistics(), **self.stats}
+        """The store's figures and the fetches'; under CURVE ``fetch_bulk``: what the fetches' bulk
+        sessions carried (messages and bytes each way) and how many are open."""
+        links = self.pipes.links
+        bulk = {} if links is None else {"fetch_bulk": {**links.stats, "sessions": links.sessions()}}
+        return {**self.store.statistics(), **self.stats, **bulk}
 
     # -- messages ------------------------------------------------------------------------------
     def _holder_name(self, h: dict) -> str:
@@ -164,7 +171,8 @@ class SedData(HeldBytes, Fetching, CallData):
         ref = msg.header["ref"]
         try:
             tree, buffers = await self.fetch(RefTag({"id": ref, "holder": src["name"], "address": src["address"],
-                                                     "replicas": [], "call": False}), user,
+                                                     "size": src.get("size", 0), "replicas": [], "call": False}),
+                                             user,
                                              wait=self.config.appear_grace)
         except DataError as exc:
             self.sed.endpoint.reply(msg, m.error_header(msg.id, wire_kind(exc), str(exc), type_=type(exc).__name__))
@@ -255,8 +263,7 @@ class SedData(HeldBytes, Fetching, CallData):
     async def close(self) -> None:
         if self._peer_sweep is not None:
             self._peer_sweep.cancel()
-        for ch in self._peers.values():
-            ch.close()
+        self.pipes.close()
         self.requests.close()
         self.values.clear()
         self.files.clear()

@@ -26,28 +26,15 @@ def _data_bulk(c: gridrpc.Client):
     return c._aclient.data.bulk
 
 
-def _until_session(c: gridrpc.Client, value) -> None:
-    """Puts and gets ``value`` until the data client's session carries messages: the first
-    large put goes over CURVE and asks for the session."""
-    def carried():
-        ref = c.put(value, server="sed-1")
-        assert np.array_equal(c.get(ref), value)
-        c.free(ref)
-        return _data_bulk(c).stats["sent"] > 0
-    wait_for(carried, 20, "the data client's bulk session carries its requests")
-
-
 def test_put_and_get_go_through_the_bulk_session(secure_site):
     site = secure_site
     before = _listening(site.sed.pid)
     a = np.random.default_rng(0).random(MB)                      # 8 MB
     with site.client("alice") as c:
-        _until_session(c, a)
         stats = _data_bulk(c).stats
-        s0 = dict(stats)
-        ref = c.put(a, server="sed-1")
-        sent = stats["sent_bytes"] - s0["sent_bytes"]
-        assert stats["sent"] == s0["sent"] + 1 and sent >= a.nbytes     # the 8 MB went sealed
+        assert stats["sent"] == 0
+        ref = c.put(a, server="sed-1")                 # the first request to that SeD: asked for the session first
+        assert stats["sent"] == 1 and stats["sent_bytes"] >= a.nbytes    # the 8 MB went sealed
         s1 = dict(stats)
         back = c.get(ref)
         assert back.dtype == a.dtype and np.array_equal(back, a)
@@ -76,16 +63,29 @@ def test_put_and_get_go_through_the_bulk_session(secure_site):
         assert mine and all(x.status == psutil.CONN_ESTABLISHED for x in mine)
 
 
-def test_a_large_answer_alone_opens_the_session(secure_site):
-    """A client that only reads (another client of the same user): the first large value a get
-    brings back comes over CURVE and asks for the session; later ones come sealed."""
+def test_a_large_reference_is_read_sealed_the_first_time(secure_site):
+    """A client that only reads (another client of the same user): the reference says its size,
+    so the session is asked for before the first get, whose value comes sealed."""
     a = np.random.default_rng(3).random(MB)
     with secure_site.client("alice") as writer, secure_site.client("alice") as reader:
         ref = writer.put(a, server="sed-1")
         stats = _data_bulk(reader).stats
+        assert np.array_equal(reader.get(ref), a)
+        assert stats["received"] == 1 and stats["received_bytes"] >= a.nbytes and stats["sent_bytes"] < MB
+
+
+def test_a_large_answer_of_unknown_size_opens_the_session(secure_site):
+    """A reference that does not say its size (the result of a call kept on its SeD): the first
+    large value a get brings back comes over CURVE and asks for the session; later ones come
+    sealed."""
+    a = np.random.default_rng(4).random(MB)
+    with secure_site.client("alice") as writer, secure_site.client("alice") as reader:
+        ref = writer.put(a, server="sed-1")
+        bare = gridrpc.DataRef(reader._aclient, {k: v for k, v in ref._desc.items() if k != "size"})
+        stats = _data_bulk(reader).stats
 
         def sealed():
-            assert np.array_equal(reader.get(ref), a)
+            assert np.array_equal(reader.get(bare), a)
             return stats["received_bytes"] >= a.nbytes
         wait_for(sealed, 20, "a get's answer comes through the reader's session")
         assert stats["received"] >= 1 and stats["sent_bytes"] < MB
@@ -96,8 +96,9 @@ def test_another_user_through_her_own_session_cannot_get_nor_free_the_ref(secure
     a = np.random.default_rng(1).random(MB)
     with site.client("alice") as alice, site.client("mallory") as mallory:
         ref = alice.put(a, server="sed-1")
-        _until_session(mallory, np.ones(MB // 2))
+        mallory.free(mallory.put(np.ones(MB // 2), server="sed-1"))     # 4 MB: her session opens first
         stats = _data_bulk(mallory).stats
+        assert stats["sent"] >= 1
         s0 = dict(stats)
         with pytest.raises(gridrpc.DataAccessDenied):
             mallory.get(ref)

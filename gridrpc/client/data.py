@@ -22,6 +22,8 @@ from ..core.refs import RefTag
 from ..errors import CommunicationError, DataAccessDenied, DataError, DataLost, NoServerAvailable, error_from_wire
 from ..files import read_file
 from ..runtime.data_request import DataRequests
+from ..transport.channel import frame_size
+from ..transport.pipes import SEALED_FROM, SESSION_WAIT
 from .futures import Call, ServerInfo
 from .ids import new_id
 
@@ -116,9 +118,10 @@ class DataClient:
     ``ping_timeout`` is lost). Under CURVE the requests to a SeD and its
     answers take a bulk session over that channel
     (:class:`~gridrpc.transport.pipes.Pipes`, as calls and a SeD's
-    fetches do) once a message with a large frame went to it or came from it:
-    a put or get of bulk data then moves sealed with AES-256-GCM instead of
-    through CURVE."""
+    fetches do) once a message with a large frame went to it or came from it,
+    or before a put or get that moves at least
+    :data:`~gridrpc.transport.pipes.SEALED_FROM` bytes: bulk data then moves
+    sealed with AES-256-GCM instead of through CURVE."""
 
     def __init__(self, client: "AsyncClient") -> None:
         from ..transport.pipes import Pipes
@@ -128,10 +131,11 @@ class DataClient:
         self.bytes_sent = self.bytes_received = 0
         #: this client's bulk sessions for data (None without CURVE)
         self.bulk = self._pipes.links
+        self._sealing = 0           # requests waiting for their session before they go
 
     def in_flight(self) -> int:
-        """Data requests awaiting an answer."""
-        return self._requests.in_flight
+        """Data requests awaiting an answer or their bulk session (:meth:`_sealed_first`)."""
+        return self._requests.in_flight + self._sealing
 
     def close(self) -> None:
         self._requests.close(CommunicationError("client closed"))
@@ -155,10 +159,24 @@ class DataClient:
         req = DataRequest(holders, timeout=timeout, silence=silence, new_id=new_id, retry=retry)
         return await self._requests.run(req, self, header_for)
 
+    async def _sealed_first(self, address: str, size) -> None:
+        """Under CURVE, before a request that moves at least :data:`SEALED_FROM` bytes to or from
+        ``address``: its bulk session asked for and waited for (up to :data:`SESSION_WAIT`), so
+        that this first large transfer is sealed too; else it goes over CURVE."""
+        if self.bulk is not None and type(size) is int and size >= SEALED_FROM:
+            self._sealing += 1      # in flight: a blocking client keeps running its loop meanwhile
+            try:
+                await self.holder_channel(address, address, {})
+                await self._pipes.sealed(address, SESSION_WAIT)
+            finally:
+                self._sealing -= 1
+
     async def request(self, address: str, header: dict, buffers: list = (), timeout: float = 30.0):
         """Send to the SeD at ``address`` and wait for its answer, pinging it
         meanwhile: silent for ``ping_timeout``, it is lost (CommunicationError);
         an error answer is raised."""
+        await self._sealed_first(address, sum(map(frame_size, buffers)))
+
         def header_for(send):
             self.bytes_sent += sum(len(b) for b in buffers)
             return {**header, "id": send.id}, buffers
@@ -210,6 +228,8 @@ class DataClient:
         lost the value gives way to the next; DataLost when none has it."""
         t = self._timeout(timeout)
         call = bool(ref._desc.get("call"))
+        if ref.address:
+            await self._sealed_first(ref.address, ref._desc.get("size"))
 
         def header_for(send):
             return m.make(MsgType.DATA_GET, send.id, ref=ref.id, user=self.client.user, wait=t, call=call), ()

@@ -17,7 +17,13 @@ from typing import Callable
 from ..errors import CommunicationError
 from .channel import Channel, connect_dealer
 
-__all__ = ["Pipe", "Pipes"]
+__all__ = ["Pipe", "Pipes", "SEALED_FROM", "SESSION_WAIT"]
+
+#: under CURVE, a request that sends or fetches this many bytes (known before it goes) first asks
+#: for a bulk session and waits for it, so that the first large transfer is sealed too
+SEALED_FROM = 1 << 20
+#: how long such a request waits for its session to be usable (seconds); then it takes CURVE
+SESSION_WAIT = 1.0
 
 
 class Pipe:

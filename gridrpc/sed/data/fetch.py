@@ -42,7 +42,7 @@ from ...core.data_request import DataRequest, Failed, GiveUp
 from ...core.messages import MsgType
 from ...core.refs import RefTag
 from ...errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, error_from_wire
-from ...transport.pipes import Pipe
+from ...transport.pipes import SEALED_FROM, SESSION_WAIT, Pipe
 
 __all__ = ["Fetching"]
 
@@ -52,11 +52,6 @@ log = logging.getLogger("gridrpc.sed.data.store")      # the data runtime's one 
 MAX_PEERS = 32
 #: a holder unused this long (seconds) is disconnected
 PEER_IDLE = 30.0
-#: under CURVE, a value whose reference says it is this large (bytes) is fetched through a bulk
-#: session asked before the request, so that the first one comes sealed too
-SEALED_FROM = 1 << 20
-#: how long such a fetch waits for its session to be usable (seconds); then it takes CURVE
-SESSION_WAIT = 1.0
 #: how long a holder's element key, or its absence, is remembered (seconds)
 KEY_MEMORY = 5.0
 #: holders whose key (or its absence) is remembered at once

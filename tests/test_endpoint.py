@@ -208,3 +208,31 @@ def test_a_2d_array_frame_counts_its_bytes_not_its_rows():
     assert has_big([b"head", rows])
     assert not has_big([memoryview(np.zeros((10, 10)))])
     assert not has_big([b"x" * (ZERO_COPY_THRESHOLD - 1)]) and has_big([b"x" * ZERO_COPY_THRESHOLD])
+
+
+def test_deeply_nested_headers_bring_no_full_collection():
+    """Each deeply nested header decodes into 900 lists, refused just after: handled with the
+    cyclic GC paused, they are freed without any collection. With the GC running, collections
+    started mid-decode promoted them, and full collections of the whole heap followed every few
+    thousand messages (each a pause of the daemon's loop)."""
+    import gc
+    deep = "[" * 900 + "]" * 900
+    sends = [[f'{{"v":1,"type":"ping","id":"deep-{i}","ids":[{deep}]}}'.encode()] for i in range(2000)]
+    full = []
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    async def run():
+        ep = Endpoint("T", "tcp://127.0.0.1:0", {MsgType.PING: lambda msg: None}).start()
+        return await ask_each(ep, sends, orjson.loads)
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        out = asyncio.run(run())
+    finally:
+        gc.callbacks.remove(count)
+    assert len(out) == 2000 and all(o["error"]["kind"] == "protocol" for o in out)
+    assert not full, f"{len(full)} full collections while 2,000 nested headers were refused"

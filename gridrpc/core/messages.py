@@ -20,7 +20,6 @@ path, and a dict lookup is the cheapest typed access Python has.
 from __future__ import annotations
 
 import enum
-import gc
 from typing import Any
 
 import orjson
@@ -75,7 +74,7 @@ class MsgType(str, enum.Enum):
     # pushed state (child -> parent): snapshots of SeDs' request-independent estimations
     VIEW = "view"                    # name, entries: [{name, services: {service: vector}, age_ms}], gone
     # data held on SeDs (client/SeD -> SeD; gridrpc.sed.data.store)
-    DATA_PUT = "data_put"            # ref, user, mode, value (+frames) | source {name, address, size}
+    DATA_PUT = "data_put"            # ref, user, mode, value (+frames) | source {name, address}
     DATA_GET = "data_get"            # ref, user, call, wait, transfer
     DATA_FREE = "data_free"          # ref, user
     DATA = "data"                    # answer: ref, holder, size, mode [, value (+frames)]
@@ -153,27 +152,11 @@ def _depth_over(value, limit: int) -> bool:
     return False
 
 
-def _loads(raw: bytes | memoryview):
-    """``orjson.loads`` with the cyclic GC paused: a header of hundreds of lists (a deeply nested
-    one, refused just after) would otherwise start young-generation collections in the middle of
-    its decoding, which promote its still-live lists towards the oldest generation and so bring
-    full collections of the daemon's whole heap (tens of ms each) every few thousand messages.
-    Paused, the lists are allocated and, refused or answered, freed without any collection;
-    the GC runs again at the next allocation past its threshold."""
-    if not gc.isenabled():
-        return orjson.loads(raw)
-    gc.disable()
-    try:
-        return orjson.loads(raw)
-    finally:
-        gc.enable()
-
-
 def parse_header(raw: bytes | memoryview) -> tuple[MsgType, dict]:
     """Decode and validate a header frame. Raises ProtocolError with a reason
     (naming the field at fault); never anything else."""
     try:
-        h = _loads(raw)
+        h = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise _refused(f"header is not valid JSON: {exc}", None) from exc
     if type(h) is not dict:

@@ -14,6 +14,7 @@ Frames of 64 KiB and more are sent zero-copy.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket as _socket
 import time
@@ -203,12 +204,23 @@ class Channel:
             self.loop.call_soon(self._drain)
 
     def _drain(self) -> None:
+        """Handle what the socket holds, within :data:`DRAIN_BATCH` messages and
+        :data:`DRAIN_SECONDS`, with the cyclic GC paused: a message decoded into hundreds of
+        objects (a deeply nested header, refused just after) would otherwise start collections
+        in the middle of its decoding, which promote its still-live objects towards the oldest
+        generation and so bring full collections of the daemon's whole heap (tens of ms each)
+        every few thousand messages. Paused, what a message allocates and frees costs no
+        collection; what it keeps counts towards the next one, which runs at the first
+        allocation after the drain."""
         self._check_scheduled = False
         sock = self.sock
         self._draining = True
         hooks, began = self.around_drain, False
         clock = time.perf_counter
         until = clock() + DRAIN_SECONDS
+        collecting = gc.isenabled()
+        if collecting:
+            gc.disable()
         try:
             for _ in range(DRAIN_BATCH):    # bounded so one busy socket cannot starve the loop
                 if self.closed:
@@ -233,6 +245,8 @@ class Channel:
                 if clock() > until:         # the rest at the next loop iteration (_schedule_check)
                     break
         finally:
+            if collecting:
+                gc.enable()
             self._draining = False
             if began:
                 try:

@@ -109,6 +109,15 @@ class Fetching:
         self._holder_keys[holder] = (now + KEY_MEMORY, public)
         return public
 
+    def check_source(self, src: dict) -> None:
+        """A ``data_put``'s ``source``, refused before any fetch starts when no fetch could use
+        it: an address that is not ``tcp://host:port`` or, under CURVE, a holder with no
+        element key (a flood of such puts costs a check each, not a fetch each)."""
+        if src.get("name") in self.sed.replicas or src.get("address") == self.sed.address:
+            return
+        check_peer_address(src.get("address"))
+        self._peer_options({"sed": src.get("name")})
+
     # -- Links (gridrpc.runtime.data_request): the channels of the fetches -------------------------
     async def holder_channel(self, name: str, address: str, header: dict) -> Pipe:
         """The pipe to a holder, counted busy until :meth:`holder_done`."""

@@ -144,6 +144,7 @@ class SedData(HeldBytes, Fetching, CallData):
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
         if h.get("source") is not None:
+            self.check_source(h["source"])
             if self._replicating.get(user, 0) >= MAX_REPLICATIONS_PER_USER:
                 raise DataError(f"user {user!r} already has {MAX_REPLICATIONS_PER_USER} copies from other "
                                 f"SeDs in progress on SeD {self.sed.name}; wait for one to end")

@@ -35,16 +35,24 @@ budget split evenly between the users holding data here); a user within
 their share never loses data to another's puts (that put is refused
 instead). ``max_bytes_per_user`` caps what one user holds at all.
 
-Cost: a put that fits in the budget is O(1) (the bytes held per user are
-counted as they change); only a put that must make room sorts the victims.
+Cost: nothing here sorts or scans the store. The possible victims are
+kept in the policy's order per tier and per owner
+(:mod:`gridrpc.core.datastore_order`), re-placed as an entry moves, is pinned
+or unpinned, or is used (its LRU/LFU key changes), and the owners are kept
+sorted by the bytes they hold (counted as they change). A put that fits in the
+budget costs O(log n) for n entries; a put that must make room costs
+O(log n) per victim, plus, once it reaches other users' data, O(m) for the m
+users over their share.
 """
 from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import DataAccessDenied, DataError, DataLost
+from .datastore_order import HeldOrder, VictimOrder
 
 _FULL = ("its data budget is full of sticky data, data that pending calls need, or other users' data "
          "within their share")
@@ -138,6 +146,8 @@ class DataStore:
         self.counts = {"put": 0, "spilled": 0, "evicted": 0, "freed": 0, "refused": 0}
         self._seq = 0
         self._held: dict[str, int] = {}      # owner -> bytes held (memory and disk), kept as entries change
+        self._held_order = HeldOrder()       # the same, sorted by bytes held
+        self._order = VictimOrder(self._key, (Where.MEMORY, Where.DISK))   # the possible victims, in order
 
     # -- queries ----------------------------------------------------------------------------
     def __contains__(self, ref: str) -> bool:
@@ -204,8 +214,7 @@ class DataStore:
                                 f"holds {held} bytes here (limit max_bytes_per_user={self.max_bytes_per_user})")
         could_spill = self.disk_bytes and mode is not Mode.STICKY and size <= self.disk_bytes
         if self.used[Where.MEMORY] + size > self.memory_bytes and not could_spill:
-            evictable = sum(v.size for v in self._victims(Where.MEMORY, owner))
-            if size > self.memory_bytes - (self.used[Where.MEMORY] - evictable):
+            if size > self.memory_bytes - (self.used[Where.MEMORY] - self._evictable(owner)):
                 self.counts["refused"] += 1          # refuse before evicting anything for nothing
                 self._drop_pending(ref, f"refused: {_FULL}")
                 raise DataError(f"no room for data reference {ref} ({size} bytes) on {self.holder}: {_FULL}")
@@ -217,11 +226,12 @@ class DataStore:
         self.used[Where.MEMORY] += size
         self.counts["put"] += 1
         e.pins += 1                      # never its own victim
-        self._held[owner] = self._held.get(owner, 0) + size
+        self._hold(owner, size)
         try:
             actions = self._make_room(owner) if self.used[Where.MEMORY] > self.memory_bytes else []
         finally:
             e.pins -= 1
+            self._file(e)
         if self.used[Where.MEMORY] > self.memory_bytes and not (self.disk_bytes and mode is not Mode.STICKY
                                                                  and self._spill_one(e, actions)):
             # nothing evictable: refuse rather than exceed the budget (what was made room for stays done:
@@ -229,6 +239,7 @@ class DataStore:
             self.used[Where.MEMORY] -= size
             self._unhold(owner, size)
             del self.entries[ref]
+            self._order.drop(ref)
             self._tomb(ref, f"refused: {_FULL}")
             self.counts["refused"] += 1
             err = DataError(f"no room for data reference {ref} ({size} bytes) on {self.holder}: {_FULL}")
@@ -244,17 +255,20 @@ class DataStore:
         e = self.entries.get(ref)
         if e is not None:
             e.last_used, e.uses = now, e.uses + 1
+            self._file(e)                # its LRU/LFU key changed
 
     def pin(self, ref: str) -> None:
         e = self.entries.get(ref)
         if e is not None:
             e.pins += 1
+            self._file(e)
 
     def unpin(self, ref: str) -> list:
         e = self.entries.get(ref)
         if e is None:
             return []
         e.pins = max(0, e.pins - 1)
+        self._file(e)
         return self._make_room()
 
     def loaded(self, ref: str) -> None:
@@ -287,12 +301,25 @@ class DataStore:
             del self.entries[ref]
             self._tomb(ref, reason)
 
+    def _file(self, e: Entry) -> None:
+        """Keep ``e`` in the victim order iff it may be a victim: placed,
+        unpinned, not sticky (called whenever one of those or its key changes)."""
+        self._order.place(e, e.where is not Where.PENDING and e.pins == 0 and e.mode is not Mode.STICKY)
+
+    def _hold(self, owner: str, size: int) -> None:
+        before = self._held.get(owner)
+        self._held[owner] = after = (before or 0) + size
+        self._held_order.moved(owner, before, after)
+
     def _unhold(self, owner: str, size: int) -> None:
-        left = self._held.get(owner, 0) - size
+        before = self._held.get(owner)
+        left = (before or 0) - size
         if left > 0:
             self._held[owner] = left
-        else:
-            self._held.pop(owner, None)
+            self._held_order.moved(owner, before, left)
+        elif before is not None:
+            del self._held[owner]
+            self._held_order.moved(owner, before, None)
 
     def _remove(self, e: Entry, reason: str) -> Freed:
         where = e.where
@@ -300,6 +327,7 @@ class DataStore:
             self.used[where] -= e.size
             self._unhold(e.owner, e.size)
         del self.entries[e.id]
+        self._order.drop(e.id)
         self._tomb(e.id, reason)
         self.counts["freed"] += 1
         return Freed(e.id, where, reason)
@@ -317,19 +345,29 @@ class DataStore:
             return (e.seq,)
         return (e.last_used, e.seq)
 
-    def _victims(self, where: Where, for_owner: str | None = None) -> list[Entry]:
+    def _over_share(self, for_owner: str) -> list[str]:
+        """The users other than ``for_owner`` holding more than their share:
+        the whole budget split evenly between the users holding data and
+        ``for_owner``."""
+        n = len(self._held) + (for_owner not in self._held)
+        share = (self.memory_bytes + self.disk_bytes) / n
+        return [o for o in self._held_order.over(share) if o != for_owner]
+
+    def _evictable(self, for_owner: str) -> int:
+        """The bytes in memory a put of ``for_owner`` may evict: the victims'
+        sizes, counted per owner as entries are filed."""
+        sizes = self._order.bytes[Where.MEMORY]
+        return sizes.get(for_owner, 0) + sum(sizes.get(o, 0) for o in self._over_share(for_owner))
+
+    def _victims(self, where: Where, for_owner: str | None = None) -> Iterator[Entry]:
         """What may go to make room, in the order it goes: for a put of
         ``for_owner``, that owner's own data first, then that of users over
-        their share; never another user's data within their share."""
-        c = [e for e in self.entries.values() if e.where is where and e.pins == 0 and e.mode is not Mode.STICKY]
+        their share (as they hold now, when this is called); never another
+        user's data within their share. Lazy: the caller spills or evicts
+        each entry before taking the next, or stops."""
         if for_owner is None:
-            c.sort(key=self._key)
-            return c
-        owners = self._held.keys() | {for_owner}
-        share = (self.memory_bytes + self.disk_bytes) / len(owners)
-        c = [e for e in c if e.owner == for_owner or self._held.get(e.owner, 0) > share]
-        c.sort(key=lambda e: (e.owner != for_owner, self._key(e)))
-        return c
+            return self._order.victims(where, None, self._order.owners(where))
+        return self._order.victims(where, for_owner, self._over_share(for_owner))
 
     def _spill_one(self, e: Entry, actions: list) -> bool:
         if self.used[Where.DISK] + e.size > self.disk_bytes:
@@ -337,6 +375,7 @@ class DataStore:
         self.used[Where.MEMORY] -= e.size
         self.used[Where.DISK] += e.size
         e.where = Where.DISK
+        self._file(e)
         self.counts["spilled"] += 1
         actions.append(Spill(e.id))
         return True
@@ -364,6 +403,7 @@ class DataStore:
         self.used[where] -= e.size
         self._unhold(e.owner, e.size)
         del self.entries[e.id]
+        self._order.drop(e.id)
         reason = f"evicted ({self.policy.upper()}) because {why} (budget {self.memory_bytes} bytes in memory, " \
                  f"{self.disk_bytes} on disk)"
         self._tomb(e.id, reason)

@@ -401,14 +401,15 @@ def test_one_users_big_calls_are_bounded_not_others(bounded_args_site):
 
 # == a mixed attack =========================================================================
 @pytest.mark.slow
-def test_under_a_mixed_attack_a_well_behaved_user_keeps_working():
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "curve"])
+def test_under_a_mixed_attack_a_well_behaved_user_keeps_working(secure):
     """Two hostile users flood a tree at once (data sources, big values, tiny
     puts, nesting, big discoveries, calls): the well-behaved user's calls all
     succeed, no element is dropped from the tree, and every daemon's
     descriptors stay bounded. (Latency figures: python -m benchmarks.attack,
     docs/security.md.)"""
     from benchmarks.attack import run
-    r = run(3.0, secure=False)
+    r = run(3.0, secure=secure)
     # served in every attacked window (each window's calls either answer or count as failed), none failed
     assert r["attack"]["calls"] >= r["rounds"] and not r["attack"]["failed"], r["attack"]
     assert r["dropped"] == [], r["tree_after"]

@@ -428,3 +428,34 @@ def test_discoveries_in_flight_are_bounded_per_connection():
     assert st.statistics().discoveries_refused == 2
     again = st.handle(disc(10, b"flood"), 0.3)
     assert any(isinstance(a, Send) and a.to == b"child" for a in again)
+
+
+def test_discoveries_in_flight_are_bounded_per_authenticated_key():
+    """Under CURVE a user opening many connections still has at most
+    max_discoveries_per_user discoveries in flight (each fans out down the
+    tree); another key is unaffected, and answers free the slots."""
+    import random as _random
+    from gridrpc.core.agent.machine import AgentConfig, AgentState, MasterRole, Received, Send
+    from gridrpc.core import messages as _m
+    st = AgentState(AgentConfig(name="MA", max_discoveries_per_peer=3, max_discoveries_per_user=4), MasterRole(),
+                    _random.Random(1))
+    st.handle(Received(b"child", _m.MsgType.REGISTER,
+                       {"v": 1, "type": "register", "id": "r", "name": "sed-1", "kind": "sed",
+                        "services": ["add"], "address": "tcp://h:1", "pid": 1}, "element:sed-1"), 0.0)
+    disc = lambda i, peer, user: Received(peer, _m.MsgType.DISCOVER,  # noqa: E731
+                                          {"v": 1, "type": "discover", "id": f"d{i}", "service": "add", "k": 1},
+                                          user)
+    # four connections of mallory, two discoveries each: 4 fan out, 4 are refused
+    outs = [st.handle(disc(i, b"m%d" % (i % 4), "user:mallory"), 0.1) for i in range(8)]
+    refused = [o[0].header for o in outs if o and isinstance(o[0], Send) and o[0].header.get("type") == "error"]
+    assert len(refused) == 4
+    assert all(r["error"]["kind"] == "refused" and "max_discoveries_per_user" in r["error"]["message"]
+               for r in refused)
+    fanned = st.handle(disc(20, b"a1", "user:alice"), 0.1)          # another key: fans out
+    assert any(isinstance(a, Send) and a.to == b"child" for a in fanned)
+    for fid in [p for p in st.discoveries.pending]:                   # the answers free the slots
+        st.handle(Received(b"child", _m.MsgType.SERVERS, {"v": 1, "type": "servers", "id": fid, "name": "sed-1",
+                                                          "servers": []}, "element:sed-1"), 0.2)
+    assert st._inflight_user == {} and st._inflight == {}
+    again = st.handle(disc(30, b"m9", "user:mallory"), 0.3)
+    assert any(isinstance(a, Send) and a.to == b"child" for a in again)

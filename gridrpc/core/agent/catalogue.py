@@ -24,7 +24,7 @@ class AgentStatistics:
     pending_discoveries: int
     discoveries: int                # DISCOVER requests handled (from clients or the parent)
     discoveries_timed_out: int      # answered at the deadline, some children silent
-    discoveries_refused: int        # over the per-connection limit of discoveries in flight
+    discoveries_refused: int        # over the per-connection or per-key limit of discoveries in flight
     bad_messages: int               # refused at the boundary
     answers_ignored: int            # late, duplicate or stranger SERVERS
     children_lost: int

@@ -224,7 +224,14 @@ class Discovering:
             return [Send(peer, m.error_header(
                 h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from this "
                 f"connection (limit max_discoveries_per_peer={self.config.max_discoveries_per_peer})"))]
-        return self._discover(h, ("peer", peer), now, user)
+        if user is not None:
+            n = self._inflight_user.get(user, 0)
+            if n >= self.config.max_discoveries_per_user:
+                self.counters.discoveries_refused += 1
+                return [Send(peer, m.error_header(
+                    h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from "
+                    f"{user} (limit max_discoveries_per_user={self.config.max_discoveries_per_user})"))]
+        return self._discover(h, ("peer", peer, user), now, user)
 
     def _from_parent(self, ev: FromParent, now: float) -> list:
         if ev.type is MsgType.DISCOVER:
@@ -332,9 +339,11 @@ class Discovering:
         return self._finish(done, now) if done is not None else []
 
     def _in_flight_from(self, reply_to: tuple) -> None:
-        """One more discovery pending for the asking connection (released in _finish)."""
+        """One more discovery pending for the asking connection and its key (released in _finish)."""
         if reply_to[0] == "peer":
             self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
+            if reply_to[2] is not None:
+                self._inflight_user[reply_to[2]] = self._inflight_user.get(reply_to[2], 0) + 1
 
     def _finish(self, done: Done, now: float | None = None) -> list:
         reply_to, rid, service, k = done.reply_to
@@ -344,6 +353,12 @@ class Discovering:
                 self._inflight[reply_to[1]] = left
             else:
                 self._inflight.pop(reply_to[1], None)
+            if reply_to[2] is not None:
+                left = self._inflight_user.get(reply_to[2], 0) - 1
+                if left > 0:
+                    self._inflight_user[reply_to[2]] = left
+                else:
+                    self._inflight_user.pop(reply_to[2], None)
         if done.timed_out:
             self.counters.discoveries_timed_out += 1
             if now is not None:

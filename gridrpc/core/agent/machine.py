@@ -75,6 +75,7 @@ class AgentConfig:
     hb_timeout: float = 3.0         # a child silent this long is dropped
     discovery_budget: float = 2.0   # seconds, when a request gives none
     max_discoveries_per_peer: int = 512   # in flight from one connection; more are refused at once
+    max_discoveries_per_user: int = 2048  # in flight from one authenticated key, all its connections together
     view: bool = True               # the root answers from pushed state when it is fresh (core/view.py);
                                     # False: every discovery is a fan-out, and the agent keeps no view (drops
                                     # its children's VIEW messages: an LA pushes none up)
@@ -111,6 +112,7 @@ class AgentState(Discovering, Federating, Catalogue):
         self._reported_version = -1     # registry version the parent last heard
         self._next_sweep = 0.0
         self._inflight: dict[bytes, int] = {}   # discoveries in flight per asking connection
+        self._inflight_user: dict[str, int] = {}   # ... and per authenticated key (CURVE)
         self._sweep_interval = config.hb_interval / 2
         self._lost_after = config.hb_interval * 2.5
         self.view = SubtreeView(config.push_interval)

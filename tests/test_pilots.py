@@ -228,10 +228,8 @@ def test_rejected_submissions_pause_the_manager(cluster, tmp_path):
             pilot_sed(cluster, tmp_path / "shared", batch={"partition": "nosuchpartition"}, parent=ma.address,
                       max=2, max_submit_failures=2, pause=600) as (sed, lt):
         with client() as c:
-            t0 = time.monotonic()
-            with pytest.raises(gridrpc.GridRPCError) as exc:
+            with pytest.raises(gridrpc.GridRPCError) as exc:    # the pause's reason, not a Timeout after 60 s
                 c.call("add", 1, 2, server=addr(sed), timeout=60)
-            assert time.monotonic() - t0 < 20
         text = str(exc.value)
         assert "paused" in text and cluster.bad_queue_words in text.lower(), text
         paused = events(sed, "paused")

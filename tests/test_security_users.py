@@ -273,7 +273,8 @@ def test_key_problems_are_named_within_the_discovery_timeout(secure_site, tmp_pa
             with pytest.raises(gridrpc.CommunicationError, match=expected) as info:
                 c.call("add", 1, 2)
         assert isinstance(info.value, gridrpc.AuthenticationError), info.value
-        assert time.monotonic() - t0 < 3, f"{expected}: took {time.monotonic() - t0:.1f}s"
+        # named within the discovery timeout (5 s), not after it
+        assert time.monotonic() - t0 < 5, f"{expected}: took {time.monotonic() - t0:.1f}s"
     with site.client("alice") as c:           # and a good key still works
         assert c.call("add", 1, 2) == 3
 
@@ -357,15 +358,13 @@ def test_one_address_cannot_hold_every_event_stream_and_left_slots_free_at_once(
             for s in held:
                 s.close()
             held = []
-            t0 = time.monotonic()
 
             def reopened():
                 s, status = _open_stream(url)
                 ok = b"200" in status
                 (held.append(s) if ok else s.close())
                 return ok
-            wait_for(reopened, 5, "a stream slot freed after its reader left")
-            assert time.monotonic() - t0 < 4
+            wait_for(reopened, 5, "a stream slot freed after its reader left")     # not 14 s later
         finally:
             for s in held:
                 s.close()

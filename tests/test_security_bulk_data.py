@@ -75,9 +75,9 @@ def test_a_large_reference_is_read_sealed_the_first_time(secure_site):
 
 
 def test_a_large_answer_of_unknown_size_opens_the_session(secure_site):
-    """A reference that does not say its size (the result of a call kept on its SeD): the first
-    large value a get brings back comes over CURVE and asks for the session; later ones come
-    sealed."""
+    """A reference that does not say its size (as the reference to an unfinished call passed as
+    another call's argument): the first large value a get brings back comes over CURVE and asks
+    for the session; later ones come sealed."""
     a = np.random.default_rng(4).random(MB)
     with secure_site.client("alice") as writer, secure_site.client("alice") as reader:
         ref = writer.put(a, server="sed-1")

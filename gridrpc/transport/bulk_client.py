@@ -23,6 +23,7 @@ import zmq
 
 from ..errors import CommunicationError, ProtocolError
 from .bulk import RESET, ZERO_COPY, BulkRefused, OutputBuffers, Sealer, check_preamble
+from .channel import frame_size
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +97,14 @@ class BulkClient:
         self.channel.close()
 
 
-def _size(f) -> int:
-    """A frame's bytes (``len`` of a memoryview of a 2-D array counts its rows)."""
-    return f.nbytes if isinstance(f, memoryview) else len(f)
-
-
 def _nbytes(frames) -> int:
-    return sum(_size(f) for f in frames)
+    return sum(map(frame_size, frames))
 
 
 def _has_big(frames) -> bool:
-    return any(_size(f) >= ZERO_COPY for f in frames)
+    """Whether a frame (received ones included, unlike :func:`~gridrpc.transport.channel.has_big`)
+    is large enough to go zero-copy."""
+    return any(frame_size(f) >= ZERO_COPY for f in frames)
 
 
 class BulkLinks:

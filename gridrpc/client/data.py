@@ -23,7 +23,6 @@ from ..errors import CommunicationError, DataAccessDenied, DataError, DataLost, 
 from ..files import read_file
 from ..runtime.data_request import DataRequests
 from ..transport.channel import frame_size
-from ..transport.pipes import SEALED_FROM, SESSION_WAIT
 from .futures import Call, ServerInfo
 from .ids import new_id
 
@@ -131,11 +130,10 @@ class DataClient:
         self.bytes_sent = self.bytes_received = 0
         #: this client's bulk sessions for data (None without CURVE)
         self.bulk = self._pipes.links
-        self._sealing = 0           # requests waiting for their session before they go
 
     def in_flight(self) -> int:
-        """Data requests awaiting an answer or their bulk session (:meth:`_sealed_first`)."""
-        return self._requests.in_flight + self._sealing
+        """Data requests awaiting an answer (or, before that, their bulk session)."""
+        return self._requests.in_flight
 
     def close(self) -> None:
         self._requests.close(CommunicationError("client closed"))
@@ -153,34 +151,22 @@ class DataClient:
     def holder_done(self, address: str) -> None:
         """Channels to SeDs stay open for the client's life."""
 
-    async def _walk(self, holders, header_for, timeout: float, retry=None) -> tuple:
-        """Ask ``holders`` in turn (see :class:`DataRequest`): ``(Done, answer)`` or ``(Failed, None)``."""
+    async def _walk(self, holders, header_for, timeout: float, retry=None, size=0) -> tuple:
+        """Ask ``holders`` in turn (see :class:`DataRequest`): ``(Done, answer)`` or ``(Failed, None)``.
+        ``size``: the bytes the request moves, when known (a large one waits for its session first)."""
         silence = max(self.client.ping_timeout, 1.0)
         req = DataRequest(holders, timeout=timeout, silence=silence, new_id=new_id, retry=retry)
-        return await self._requests.run(req, self, header_for)
-
-    async def _sealed_first(self, address: str, size) -> None:
-        """Under CURVE, before a request that moves at least :data:`SEALED_FROM` bytes to or from
-        ``address``: its bulk session asked for and waited for (up to :data:`SESSION_WAIT`), so
-        that this first large transfer is sealed too; else it goes over CURVE."""
-        if self.bulk is not None and type(size) is int and size >= SEALED_FROM:
-            self._sealing += 1      # in flight: a blocking client keeps running its loop meanwhile
-            try:
-                await self.holder_channel(address, address, {})
-                await self._pipes.sealed(address, SESSION_WAIT)
-            finally:
-                self._sealing -= 1
+        return await self._requests.run(req, self._pipes.links_for(self, size), header_for)
 
     async def request(self, address: str, header: dict, buffers: list = (), timeout: float = 30.0):
         """Send to the SeD at ``address`` and wait for its answer, pinging it
         meanwhile: silent for ``ping_timeout``, it is lost (CommunicationError);
         an error answer is raised."""
-        await self._sealed_first(address, sum(map(frame_size, buffers)))
-
         def header_for(send):
             self.bytes_sent += sum(len(b) for b in buffers)
             return {**header, "id": send.id}, buffers
-        end, answer = await self._walk([(address, address)], header_for, timeout)
+        end, answer = await self._walk([(address, address)], header_for, timeout,
+                                       size=sum(map(frame_size, buffers)))
         if type(end) is Failed:
             if end.error is not None:
                 raise error_from_wire(end.error)
@@ -228,12 +214,11 @@ class DataClient:
         lost the value gives way to the next; DataLost when none has it."""
         t = self._timeout(timeout)
         call = bool(ref._desc.get("call"))
-        if ref.address:
-            await self._sealed_first(ref.address, ref._desc.get("size"))
 
         def header_for(send):
             return m.make(MsgType.DATA_GET, send.id, ref=ref.id, user=self.client.user, wait=t, call=call), ()
-        end, answer = await self._walk(ref.holders(), header_for, t + 1.0, _next_holder_on)
+        end, answer = await self._walk(ref.holders(), header_for, t + 1.0, _next_holder_on,
+                                       size=ref._desc.get("size"))
         if type(end) is Failed:
             if end.error is not None:
                 raise error_from_wire(end.error)

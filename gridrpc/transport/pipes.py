@@ -17,7 +17,7 @@ from typing import Callable
 from ..errors import CommunicationError
 from .channel import Channel, connect_dealer
 
-__all__ = ["Pipe", "Pipes", "SEALED_FROM", "SESSION_WAIT"]
+__all__ = ["Pipe", "Pipes", "Sealing", "SEALED_FROM", "SESSION_WAIT"]
 
 #: under CURVE, a request that sends or fetches this many bytes (known before it goes) first asks
 #: for a bulk session and waits for it, so that the first large transfer is sealed too
@@ -137,6 +137,14 @@ class Pipes:
                 return False                # refused, failed, or the pipe was closed meanwhile
         return False
 
+    def links_for(self, links, size, wait: float = SESSION_WAIT):
+        """The links (``holder_channel``/``holder_done``) for a request that moves ``size`` bytes:
+        ``links`` themselves, or, under CURVE from :data:`SEALED_FROM` bytes, a :class:`Sealing`
+        of them that makes each holder's session usable before the request goes to it."""
+        if self.links is None or type(size) is not int or size < SEALED_FROM:
+            return links
+        return Sealing(links, self, wait)
+
     def _send_curve(self, address: str, frames: list) -> None:
         pipe = self._pipes.get(address)
         if pipe is None or pipe.closed:
@@ -154,3 +162,27 @@ class Pipes:
         self._pipes.clear()
         if self.links is not None:
             self.links.close()
+
+
+class Sealing:
+    """The links of one request that moves a large value: ``links``' channels, with the bulk
+    session of each holder made usable (:meth:`Pipes.sealed`, up to ``wait`` seconds) before the
+    request goes to it, so that its first large transfer is sealed too. The request is in flight
+    meanwhile (its answer is awaited from the start)."""
+
+    __slots__ = ("links", "pipes", "wait")
+
+    def __init__(self, links, pipes: Pipes, wait: float) -> None:
+        self.links, self.pipes, self.wait = links, pipes, wait
+
+    async def holder_channel(self, name: str, address: str, header: dict) -> Pipe:
+        pipe = await self.links.holder_channel(name, address, header)
+        try:
+            await self.pipes.sealed(address, self.wait)
+        except BaseException:
+            self.links.holder_done(address)         # the request never holds this pipe (cancelled)
+            raise
+        return pipe
+
+    def holder_done(self, address: str) -> None:
+        self.links.holder_done(address)

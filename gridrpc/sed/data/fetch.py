@@ -7,7 +7,7 @@ Under CURVE the requests to a holder and its answers take a bulk session
 (:class:`~gridrpc.transport.pipes.Pipes`, as a client's data requests
 do): AES-256-GCM on a second connection, keyed over the CURVE one. It is
 asked before fetching a value whose reference says it is at least
-:data:`SEALED_FROM` bytes (waiting up to :data:`SESSION_WAIT` for it), and
+:data:`~gridrpc.transport.pipes.SEALED_FROM` bytes (waiting up to :data:`SESSION_WAIT` for it), and
 after any large answer that came over CURVE. The holder knows the session as
 this SeD's CURVE peer: a request through it is this SeD's element key
 speaking, exactly as over CURVE (it names the user it fetches for, and the
@@ -42,7 +42,7 @@ from ...core.data_request import DataRequest, Failed, GiveUp
 from ...core.messages import MsgType
 from ...core.refs import RefTag
 from ...errors import CommunicationError, ConfigError, DataAccessDenied, DataError, DataLost, error_from_wire
-from ...transport.pipes import SEALED_FROM, SESSION_WAIT, Pipe
+from ...transport.pipes import SESSION_WAIT, Pipe
 
 __all__ = ["Fetching"]
 
@@ -193,7 +193,7 @@ class Fetching:
         t = self.config.fetch_timeout
         req = DataRequest(holders, timeout=t + wait, silence=t, new_id=new_id, retry=_next_holder_on)
         size = tag.desc.get("size")
-        links = _Sealed(self) if type(size) is int and size >= SEALED_FROM and self.pipes.links is not None else self
+        links = self.pipes.links_for(self, size, SESSION_WAIT)
         end, answer = await self.requests.run(req, links, header_for)
         if type(end) is Failed:
             if end.error is not None:
@@ -207,29 +207,6 @@ class Fetching:
         self.stats["fetched"] += 1
         self.stats["fetched_bytes"] += sum(len(b) for b in buffers)
         return hh.get("value"), buffers
-
-
-class _Sealed:
-    """The links of one fetch of a large value: :class:`Fetching`'s, with a bulk session with
-    each holder made usable (:meth:`~gridrpc.transport.pipes.Pipes.sealed`) before the
-    request goes to it."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: Fetching) -> None:
-        self.data = data
-
-    async def holder_channel(self, name: str, address: str, header: dict) -> Pipe:
-        pipe = await self.data.holder_channel(name, address, header)
-        try:
-            await self.data.pipes.sealed(address, SESSION_WAIT)
-        except BaseException:
-            self.data.holder_done(address)          # the request never holds this pipe (cancelled)
-            raise
-        return pipe
-
-    def holder_done(self, address: str) -> None:
-        self.data.holder_done(address)
 
 
 def _reason(g: GiveUp) -> str:

@@ -126,3 +126,19 @@ def test_plain_mode_data_has_no_bulk_path(tmp_path):
         assert _listening(site.sed.pid) == before
     finally:
         site.close()
+
+
+def test_large_reads_at_once_all_wait_for_the_one_session(secure_site):
+    """Three large gets started together by a client with no session yet: the first asks for
+    it, the others wait for that same session; all three values come sealed."""
+    import asyncio
+    a = np.random.default_rng(5).random(MB)
+    with secure_site.client("alice") as writer, secure_site.client("alice") as reader:
+        refs = [gridrpc.DataRef(reader._aclient, writer.put(a, server="sed-1")._desc) for _ in range(3)]
+        stats = _data_bulk(reader).stats
+
+        async def all_three():
+            return await asyncio.gather(*(r.aget() for r in refs))
+        for got in reader._run(all_three()):
+            assert np.array_equal(got, a)
+        assert stats["received_bytes"] >= 3 * a.nbytes        # every value came sealed

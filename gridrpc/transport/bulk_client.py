@@ -39,7 +39,7 @@ class BulkClient:
     said it does not know the session."""
 
     def __init__(self, address: str, opened: dict, ident: bytes, on_message: Callable[[list], None],
-                 buffers: OutputBuffers | None = None) -> None:
+                 buffers: OutputBuffers | None = None, on_handshake: Callable[[], None] | None = None) -> None:
         from .channel import Channel, connect_dealer, host_of
         from .handshake import HandshakeWatch
         self.sealer = Sealer(bytes.fromhex(opened["session"]), bytes.fromhex(opened["key"]), server=False,
@@ -58,6 +58,8 @@ class BulkClient:
         sock = connect_dealer(self.address, identity=ident, immediate=True, options=opts,
                               before_connect=lambda s: watch.append(HandshakeWatch(s)))
         self._watch = watch[0]
+        if on_handshake is not None:        # told when the bulk connection's handshake ends, either way
+            self._watch.on_event(on_handshake)
         self.channel = Channel(sock, self._recv, name=f"client->{self.address} (bulk)")
 
     def usable(self) -> bool:
@@ -128,6 +130,7 @@ class BulkLinks:
         self._links: dict[str, BulkClient] = {}
         self._asked: dict[str, tuple[str, bytes]] = {}     # address -> (request id, routing id to use)
         self._retry_at: dict[str, float] = {}
+        self._waiting: dict[str, list] = {}         # address -> futures of :meth:`changed`
         self._buffers = OutputBuffers()             # shared by every link of this client
         #: messages (and their bytes after the header) sent and received through sessions
         self.stats = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0}
@@ -167,6 +170,27 @@ class BulkLinks:
         link.close()
         del self._links[address]
         self._retry_at[address] = time.monotonic() + self.RETRY_S
+        self._settle(address)
+
+    async def changed(self, address: str, wait: float) -> None:
+        """Return when the session with ``address`` may have changed (answered, refused, its
+        connection's handshake ended, given up, dropped), or after ``wait`` seconds."""
+        import asyncio
+        fut = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(address, [])
+        waiting.append(fut)
+        try:
+            await asyncio.wait((fut,), timeout=wait)
+        finally:
+            if fut in waiting:
+                waiting.remove(fut)
+            if not waiting:
+                self._waiting.pop(address, None)
+
+    def _settle(self, address: str) -> None:
+        for fut in self._waiting.pop(address, ()):
+            if not fut.done():
+                fut.set_result(None)
 
     def __contains__(self, address: str) -> bool:
         """Whether a session with ``address`` is open (usable or connecting) or asked."""
@@ -186,6 +210,8 @@ class BulkLinks:
             self._send_curve(address, [m.dumps(m.make(MsgType.BULK_OPEN, rid, route=ident.hex()))])
         except Exception as exc:  # noqa: BLE001 - no session then: CURVE carries everything
             log.debug("could not ask %s for a bulk session: %s", address, exc)
+            del self._asked[address]
+            self._retry_at[address] = time.monotonic() + self.RETRY_S
             return False
         return True
 
@@ -213,6 +239,7 @@ class BulkLinks:
             link.close()
         self._asked.pop(address, None)
         self._retry_at.pop(address, None)
+        self._settle(address)
 
     def intercept(self, address: str, frames: list) -> bool:
         """True when ``frames`` (a message from ``address`` over CURVE) was the answer to this
@@ -244,6 +271,7 @@ class BulkLinks:
         self._retry_at[address] = time.monotonic() + self.RETRY_S
         log.info("%s refused a bulk session (%s): CURVE carries the messages", address,
                  (h.get("error") or {}).get("message"))
+        self._settle(address)
         return True
 
     def _opened(self, address: str, head: bytes) -> None:
@@ -261,10 +289,12 @@ class BulkLinks:
         if old is not None:
             old.close()
         self._links[address] = BulkClient(address, h, asked[1], functools.partial(self._delivered, address),
-                                          self._buffers)
+                                          self._buffers, functools.partial(self._settle, address))
 
     def close(self) -> None:
         for link in self._links.values():
             link.close()
         self._links.clear()
         self._asked.clear()
+        for address in list(self._waiting):
+            self._settle(address)

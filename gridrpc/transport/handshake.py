@@ -9,6 +9,8 @@ as soon as libzmq knows.
 """
 from __future__ import annotations
 
+import asyncio
+
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -30,6 +32,21 @@ class HandshakeWatch:
         self._mon: zmq.Socket | None = sock.get_monitor_socket(self.EVENTS)
         self.succeeded = False
         self.failure: tuple[int, int] | None = None      # (event, value) of the last failed handshake
+        self._reader: tuple[asyncio.AbstractEventLoop, int] | None = None
+
+    def on_event(self, callback) -> None:
+        """Call ``callback()`` on the running loop each time the monitor reports (after reading
+        it), until :meth:`close`: a waiter learns the outcome when libzmq does."""
+        loop = asyncio.get_running_loop()
+        fd = self._mon.getsockopt(zmq.FD)
+
+        def ready() -> None:
+            if self._mon is not None:
+                self.poll()                 # reads until empty: the descriptor signals edges only
+                callback()
+        loop.add_reader(fd, ready)
+        self._reader = (loop, fd)
+        loop.call_soon(ready)               # what came before the reader was added
 
     def poll(self) -> None:
         """Read what the monitor reported (never blocks)."""
@@ -53,6 +70,11 @@ class HandshakeWatch:
     def close(self) -> None:
         if self._mon is None:
             return
+        if self._reader is not None:
+            loop, fd = self._reader
+            self._reader = None
+            if not loop.is_closed():
+                loop.remove_reader(fd)
         try:
             self._sock.disable_monitor()
         except zmq.ZMQError:

@@ -9,7 +9,6 @@ question is consumed here. Without CURVE a pipe is its channel.
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from typing import Callable
@@ -57,9 +56,6 @@ class Pipes:
     ``secure``: the channels run CURVE (the options given to :meth:`connect` say so) and their
     requests take bulk sessions (:attr:`links`; None without CURVE); a server's answer to a
     ``bulk_open`` is consumed here. Closing a pipe closes its session."""
-
-    #: how often :meth:`sealed` looks whether the session it waits for is usable (seconds)
-    POLL_S = 0.002
 
     def __init__(self, deliver: Callable[[str, list], None], *, secure: bool) -> None:
         self._deliver = deliver
@@ -117,25 +113,22 @@ class Pipes:
 
     async def sealed(self, address: str, wait: float) -> bool:
         """Before a request whose answer is known to be large: ask the server at ``address`` for a
-        session now (unless one is open or asked) and wait up to ``wait`` seconds until it is
-        usable, so that the request and its answer go sealed. True: the next message to it takes
-        the session; False: it takes CURVE (no CURVE, no pipe to it, a session asked before and
-        still pending, refused, or not usable in time)."""
+        session now (unless one is open or asked: then wait for that one) and wait up to ``wait``
+        seconds until it is usable, so that the request and its answer go sealed. True: the next
+        message to it takes the session; False: it takes CURVE (no CURVE, no pipe to it, a
+        session refused or failed lately, or not usable in time)."""
         links = self.links
         if links is None or address not in self._pipes:
             return False
         if links.usable(address):
             return True
-        if not links.ask(address):
-            return False
+        links.ask(address)                  # nothing sent when one is open or asked already
         end = time.monotonic() + wait
-        while time.monotonic() < end:
-            await asyncio.sleep(self.POLL_S)
+        while address in links and address in self._pipes and (left := end - time.monotonic()) > 0:
+            await links.changed(address, left)
             if links.usable(address):
                 return True
-            if address not in links or address not in self._pipes:
-                return False                # refused, failed, or the pipe was closed meanwhile
-        return False
+        return False                        # refused, failed, the pipe closed, or not in time
 
     def links_for(self, links, size, wait: float = SESSION_WAIT):
         """The links (``holder_channel``/``holder_done``) for a request that moves ``size`` bytes:

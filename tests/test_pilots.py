@@ -271,7 +271,6 @@ def test_a_non_idempotent_call_whose_pilot_is_lost_ends_in_server_lost_and_never
             # ServerLost, not Timeout: the pilot SeD saw the loss (heartbeats, pings) and failed the call
             with pytest.raises(gridrpc.ServerLost) as info:
                 call.result(timeout=60)
-            assert call.done() and isinstance(call.exception(0), gridrpc.ServerLost)   # settled, not retried
         assert info.value.server == "psed" and info.value.call_id == call.id
         assert "not idempotent" in str(info.value) and pilot in str(info.value), info.value
         st = stats(sed, lt)["pilots"]

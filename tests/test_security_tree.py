@@ -229,8 +229,9 @@ def test_a_holder_key_or_its_absence_is_remembered_for_a_while(tmp_path, monkeyp
     store.create("sed-7", "element")
     with pytest.raises(DataError):                  # still remembered as absent
         f._peer_options({"sed": "sed-7"})
-    monkeypatch.setattr(fetch, "KEY_MEMORY", 0.0)
-    f._holder_keys.clear()
+    until, known = f._holder_keys["sed-7"]
+    assert known is None and until > time.monotonic()
+    f._holder_keys["sed-7"] = (time.monotonic() - 0.001, None)   # KEY_MEMORY has passed
     assert f._peer_options({"sed": "sed-7"})[zmq.CURVE_SERVERKEY] == store.public("sed-7", "element")
     monkeypatch.setattr(fetch, "MAX_KEYS_REMEMBERED", 3)
     for i in range(10):                            # bounded: the oldest names are forgotten

@@ -71,7 +71,7 @@ DispatchAction = Submit | Cancel | Finish
 def send_order(actions: Iterable[DispatchAction]) -> list[DispatchAction]:
     """The order in which a runtime applies one step's actions: every
     :class:`Submit` (and :class:`Finish`) in the dispatcher's order, then the
-    :class:`Cancel`\ s newest first. On a FCFS server the oldest call is the
+    :class:`Cancel` actions newest first. On a FCFS server the oldest call is the
     running one: cancelling it first would start the next queued call only to
     cancel it a moment later."""
     actions = list(actions)
@@ -80,7 +80,7 @@ def send_order(actions: Iterable[DispatchAction]) -> list[DispatchAction]:
 
 def mandatory_first(actions: Sequence[DispatchAction]) -> tuple[list[DispatchAction], list[DispatchAction]]:
     """Split a dispatcher's first actions (:meth:`OptionalDispatcher.start`)
-    into ``(mandatory, rest)``: the mandatory :class:`Submit`\ s, which the
+    into ``(mandatory, rest)``: the mandatory :class:`Submit` actions, which the
     runtime sends in a batch of their own, and what it sends once other
     ready work had its turn (the optional calls). Users starting together in
     one process then all send their mandatory calls before anyone's optional

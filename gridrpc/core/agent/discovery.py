@@ -27,6 +27,7 @@ from ..discovery import Done
 from ..fields import MAX_K, MAX_VIEW_MISSING
 from ..messages import MsgType
 from ..tree import ChildRegistry
+from ..tally import tally
 from ..view import MAX_RANKINGS, ViewRanking, candidates, power_of_two
 
 __all__ = ["VIEW_ASK_FIRST", "VIEW_ASK_MAX", "VIEW_ASK_MAX_S", "Discovering", "group_by_process"]
@@ -218,19 +219,17 @@ class Discovering:
 
     # -- discovery -------------------------------------------------------------------
     def _on_discover(self, peer: bytes, h: dict, now: float, user: str | None = None) -> list:
-        n = self._inflight.get(peer, 0)
-        if n >= self.config.max_discoveries_per_peer:
-            self.counters.discoveries_refused += 1
-            return [Send(peer, m.error_header(
-                h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from this "
-                f"connection (limit max_discoveries_per_peer={self.config.max_discoveries_per_peer})"))]
-        if user is not None:
-            n = self._inflight_user.get(user, 0)
-            if n >= self.config.max_discoveries_per_user:
+        c = self.config
+        for counts, key, limit, who, name in ((self._inflight, peer, c.max_discoveries_per_peer, "this connection",
+                                               "max_discoveries_per_peer"),
+                                              (self._inflight_user, user, c.max_discoveries_per_user, user,
+                                               "max_discoveries_per_user")):
+            n = counts.get(key, 0)
+            if key is not None and n >= limit:
                 self.counters.discoveries_refused += 1
                 return [Send(peer, m.error_header(
-                    h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from "
-                    f"{user} (limit max_discoveries_per_user={self.config.max_discoveries_per_user})"))]
+                    h["id"], "refused", f"agent {self.name}: {n} discoveries already in flight from {who} "
+                    f"(limit {name}={limit})"))]
         return self._discover(h, ("peer", peer, user), now, user)
 
     def _from_parent(self, ev: FromParent, now: float) -> list:
@@ -341,24 +340,17 @@ class Discovering:
     def _in_flight_from(self, reply_to: tuple) -> None:
         """One more discovery pending for the asking connection and its key (released in _finish)."""
         if reply_to[0] == "peer":
-            self._inflight[reply_to[1]] = self._inflight.get(reply_to[1], 0) + 1
-            if reply_to[2] is not None:
-                self._inflight_user[reply_to[2]] = self._inflight_user.get(reply_to[2], 0) + 1
+            self._count_in_flight(reply_to, 1)
+
+    def _count_in_flight(self, reply_to: tuple, step: int) -> None:
+        tally(self._inflight, reply_to[1], step)
+        if reply_to[2] is not None:         # the asking key, under CURVE
+            tally(self._inflight_user, reply_to[2], step)
 
     def _finish(self, done: Done, now: float | None = None) -> list:
         reply_to, rid, service, k = done.reply_to
         if reply_to[0] == "peer":
-            left = self._inflight.get(reply_to[1], 0) - 1
-            if left > 0:
-                self._inflight[reply_to[1]] = left
-            else:
-                self._inflight.pop(reply_to[1], None)
-            if reply_to[2] is not None:
-                left = self._inflight_user.get(reply_to[2], 0) - 1
-                if left > 0:
-                    self._inflight_user[reply_to[2]] = left
-                else:
-                    self._inflight_user.pop(reply_to[2], None)
+            self._count_in_flight(reply_to, -1)
         if done.timed_out:
             self.counters.discoveries_timed_out += 1
             if now is not None:

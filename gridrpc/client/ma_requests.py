@@ -19,6 +19,7 @@ from typing import Any
 
 from ..core import codec
 from ..core import messages as m
+from ..core.discovery import joined_ranking
 from ..core.messages import MsgType
 from ..errors import (AuthenticationError, CommunicationError, NoServerAvailable, ProtocolError, ServiceNotFound,
                       error_from_wire)
@@ -233,16 +234,6 @@ class MasterAgentRequests:
         if server not in self._server_addresses:
             raise NoServerAvailable(f"no server named {server!r} in the tree")
         return ServerInfo(name=server, address=self._server_addresses[server])
-
-
-def joined_ranking(entries: list, j: int) -> list:
-    """The ranking the ``j``-th client joining a shared discovery gets: the
-    asker's, rotated by ``j`` places (``j`` = 0: the asker's own), so users
-    who got one answer do not all put their first calls on the same servers."""
-    if not entries:
-        return entries
-    j %= len(entries)
-    return entries[j:] + entries[:j]
 
 
 #: discoveries in flight that clients with ``share_discovery`` may join

@@ -214,3 +214,13 @@ def _count_after(ts, at: float | None) -> int:
     if at is None:
         return len(ts)
     return len(ts) - bisect.bisect_right(ts, at)     # a deque indexes in C: log n probes
+
+
+def joined_ranking(entries: list, j: int) -> list:
+    """The ranking the ``j``-th client joining a shared discovery gets: the
+    asker's, rotated by ``j`` places (``j`` = 0: the asker's own), so users
+    who got one answer do not all put their first calls on the same servers."""
+    if not entries:
+        return entries
+    j %= len(entries)
+    return entries[j:] + entries[:j]

@@ -42,6 +42,14 @@ ACK_SHARE = 0.05
 ACK_DELAY_MAX = 0.25
 #: held ACCEPTEDs are sent in slots of this many seconds (one timer per slot, one batch per client)
 ACK_SLOT = 0.005
+#: a read that admits this many calls lets the queues start work then, pauses again for the rest
+#: of the message and ends the read after it (the next read comes at the next loop iteration, after
+#: the started calls reached their workers): a burst of 100 users' batches (7,000 calls for one SeD
+#: process) read at once kept every replica idle for the ~0.3 s the whole read took to admit
+PAUSE_CALLS = 256
+#: after a read of the socket whose cancels freed running slots, the next calls start this
+#: much later (cancels of users sent together reach the SeD in several reads)
+CANCEL_GRACE = 0.002
 
 
 def ack_delay(base: float, starts: bool, idempotent: bool, ack_ms) -> float:
@@ -59,7 +67,7 @@ def ack_delay(base: float, starts: bool, idempotent: bool, ack_ms) -> float:
     return delay
 
 
-__all__ = ["ack_delay", "CallState", "CallRecord", "SedCalls", "Run", "Stop", "Drop", "Reacknowledge", "Resend",
+__all__ = ["PAUSE_CALLS", "CANCEL_GRACE", "ack_delay", "CallState", "CallRecord", "SedCalls", "Run", "Stop", "Drop", "Reacknowledge", "Resend",
            "Fetch", "Expired", "DEFAULT_RESULT_CACHE_BYTES"]
 
 DEFAULT_RESULT_CACHE_BYTES = DEFAULT_MAX_BYTES

@@ -21,8 +21,7 @@ sends and reads them.
 from __future__ import annotations
 
 from ..core.queue import Request
-from ..sed.calls.receive import PAUSE_CALLS
-from ..sed.calls.run import CANCEL_GRACE
+from ..core.sed_calls import CANCEL_GRACE, PAUSE_CALLS
 from .sim_procs import Proc
 
 __all__ = ["BatchesMixin"]

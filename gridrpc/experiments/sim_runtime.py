@@ -35,7 +35,7 @@ ethic``:
   ``batches``; all three off: the runner before batches, one message per
   call) — the users' clients are up before the run (no ``client_start``) and
   a user arriving while a discovery of its client process is in flight joins
-  it, its ranking rotated by its place (``client.ma_requests.joined_ranking``);
+  it, its ranking rotated by its place (``core.discovery.joined_ranking``);
   a user's mandatory calls leave in a batch of their own and its optional ones
   in a later loop iteration (``core.dispatcher.mandatory_first``, as
   ``client.optional.drive``); a loop iteration's CALLs and CANCELs to a SeD
@@ -68,7 +68,7 @@ from ..core.dispatcher import Cancel, LegacyDispatcher, OptionalDispatcher, Subm
 from ..core.metrics import metrics_from_events
 from ..core.queue import Kill, Request, SedScheduler, Start, make_policy
 from ..core.scenarios import ClientPlan
-from ..client.ma_requests import joined_ranking
+from ..core.discovery import joined_ranking
 from .overheads import Overheads
 from .sim_batches import BatchesMixin
 from .sim_procs import ProcessClock, Proc, split

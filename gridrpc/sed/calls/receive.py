@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...core import codec
-from ...core.sed_calls import ACK_SLOT, ack_delay
+from ...core.sed_calls import ACK_SLOT, PAUSE_CALLS, ack_delay
 from ...core import messages as m
 from ...core.events import EventKind
 from ...core.messages import MsgType
@@ -33,12 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..server import Replica
 
 log = logging.getLogger("gridrpc.sed.server")
-
-#: a read that admits this many calls lets the queues start work then, pauses again for the rest
-#: of the message and ends the read after it (the next read comes at the next loop iteration, after
-#: the started calls reached their workers): a burst of 100 users' batches (7,000 calls for one SeD
-#: process) read at once kept every replica idle for the ~0.3 s the whole read took to admit
-PAUSE_CALLS = 256
 
 
 @dataclass(eq=False, kw_only=True)

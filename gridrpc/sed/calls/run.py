@@ -22,7 +22,7 @@ from ...core import messages as m
 from ...core.events import EventKind, make_event
 from ...core.messages import MsgType
 from ...core.tally import tally
-from ...core.sed_calls import CallState, Drop, Run, Stop
+from ...core.sed_calls import CANCEL_GRACE, CallState, Drop, Run, Stop
 from ...core.sed_protocol import drop_error, stop_error
 from ...errors import GridRPCError
 from ...files import read_file
@@ -35,9 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("gridrpc.sed.server")
 _RESULT = MsgType.RESULT.value
 
-#: after a read of the socket whose cancels freed running slots, the next calls start this
-#: much later (cancels of users sent together reach the SeD in several reads)
-CANCEL_GRACE = 0.002
 
 
 class RunsMixin:

@@ -334,3 +334,18 @@ def test_registered_with_its_options(tmp_path):
     path = backend._write_script(spec)
     assert path == str(tmp_path / "oar_job.sh") and open(path).read() == spec.script
     assert oct((tmp_path / "oar_job.sh").stat().st_mode & 0o777) == "0o755"
+
+
+def test_a_fragged_job_stays_cancelled_when_oarnodes_fails(tmp_path):
+    """A job read as fragged makes the backend ask oarnodes whether its node died; when oarnodes
+    fails, the good oarstat answer stands (the job CANCELLED), it is not thrown away."""
+    import os
+    import stat
+    for name, body in (("oarstat", "cat <<'JSON'\n" + OARSTAT_ENDED + "\nJSON\n"),
+                       ("oarnodes", "echo 'oarnodes: cannot connect' >&2; exit 3\n")):
+        p = tmp_path / name
+        p.write_text("#!/bin/sh\n" + body)
+        os.chmod(p, p.stat().st_mode | stat.S_IEXEC)
+    states = OarBackend(bin_dir=str(tmp_path)).states(["3", "1"])
+    assert states["3"].state is JobState.CANCELLED and states["3"].reason.startswith("FRAG_JOB_REQUEST")
+    assert states["1"].state is JobState.FAILED

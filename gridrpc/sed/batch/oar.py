@@ -222,8 +222,12 @@ class OarBackend(CommandBackend):
                JobInfo(job_id=j, state=JobState.UNKNOWN, reason="unknown to oarstat") for j in ids}
         fragged = [j for j, info in out.items() if info.state is JobState.CANCELLED and j in jobs]
         if fragged:     # an oardel, or a node turned Dead/Absent: the same event; the nodes tell
-            resources = self._resources()
-            out.update({j: oar_job_info(jobs[j], resources) for j in fragged})
+            try:
+                resources = self._resources()
+            except BatchError as exc:       # the jobs stay CANCELLED, without the nodes' word
+                log.warning("oarnodes could not tell why %s ended: %s", ", ".join(fragged), exc)
+            else:
+                out.update({j: oar_job_info(jobs[j], resources) for j in fragged})
         return out
 
     def cancel(self, job_id: str, *, timeout: float = 30.0) -> JobInfo:

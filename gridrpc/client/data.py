@@ -218,7 +218,7 @@ class DataClient:
         def header_for(send):
             return m.make(MsgType.DATA_GET, send.id, ref=ref.id, user=self.client.user, wait=t, call=call), ()
         end, answer = await self._walk(ref.holders(), header_for, t + 1.0, _next_holder_on,
-                                       size=ref._desc.get("size"))
+                                       size=ref.size)
         if type(end) is Failed:
             if end.error is not None:
                 raise error_from_wire(end.error)

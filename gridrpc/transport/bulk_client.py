@@ -162,8 +162,8 @@ class BulkLinks:
             if link.dead:
                 self._give_up(address, link)
             return False
-        if address not in self._asked and _has_big(frames):
-            self.ask(address)
+        if _has_big(frames):
+            self.ask(address)          # nothing sent when one is asked already
         return False
 
     def _give_up(self, address: str, link: BulkClient) -> None:
@@ -251,8 +251,7 @@ class BulkLinks:
             return True
         if b'"type":"error","id":"bulk-' in head[:64]:
             return self._refused(address, head)
-        if len(frames) > 1 and address not in self._links and address not in self._asked \
-                and _has_big(frames[1:]):
+        if len(frames) > 1 and address not in self and _has_big(frames[1:]):
             self.ask(address)
         return False
 

@@ -27,8 +27,8 @@ SESSION_WAIT = 1.0
 
 class Pipe:
     """What requests to the server at ``address`` are sent through: its bulk session when one is
-    usable, else its CURVE channel (without CURVE: the channel). A :class:`Pipes` makes it;
-    closing it closes both."""
+    usable, else its CURVE channel (without CURVE: the channel). A :class:`Pipes` makes it and
+    closes it (:meth:`Pipes.close_one`), with its session."""
 
     __slots__ = ("address", "channel", "_owner")
 
@@ -43,9 +43,6 @@ class Pipe:
         links = self._owner.links
         if links is None or not links.send(self.address, frames):
             self.channel.send(frames)
-
-    def close(self) -> None:
-        self._owner.close_one(self.address, self)
 
 
 class Pipes:
@@ -79,14 +76,11 @@ class Pipes:
     def get(self, address: str) -> Pipe | None:
         """The open pipe to ``address``, now the most recently used; None when there is none (a
         closed one is forgotten)."""
-        pipe = self._pipes.pop(address, None)
-        if pipe is None:
-            return None
-        if pipe.closed:
-            self._pipes[address] = pipe
+        pipe = self._pipes.get(address)
+        if pipe is None or pipe.closed:
             self.close_one(address)
             return None
-        self._pipes[address] = pipe
+        self._pipes[address] = self._pipes.pop(address)       # most recently used last
         return pipe
 
     def connect(self, address: str, options: dict | None, *, name: str) -> Pipe:
@@ -98,16 +92,12 @@ class Pipes:
         pipe = self._pipes[address] = Pipe(address, channel, self)
         return pipe
 
-    def close_one(self, address: str, pipe: Pipe | None = None) -> None:
-        """Close the pipe to ``address`` (only if it is ``pipe``, when given) and its session."""
-        current = self._pipes.get(address)
-        if pipe is not None and current is not pipe:
-            pipe.channel.close()            # an older pipe to that address: the current one stays
+    def close_one(self, address: str) -> None:
+        """Close the pipe to ``address``, if any, and its session."""
+        pipe = self._pipes.pop(address, None)
+        if pipe is None:
             return
-        if current is None:
-            return
-        del self._pipes[address]
-        current.channel.close()
+        pipe.channel.close()
         if self.links is not None:
             self.links.drop(address)
 

@@ -4,6 +4,8 @@ subprocesses), plain or under CURVE with element and user keys. The
 ``secure_site`` fixture (tests/conftest.py) is one of these under CURVE."""
 from __future__ import annotations
 
+import psutil
+
 import gridrpc
 from gridrpc.testing import wait_for
 from gridrpc.transport.security import KeyStore, Security
@@ -60,3 +62,8 @@ class Site:
 
     def close(self) -> None:
         self.pt.stop()
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (a SeD's bulk socket shows up among them)."""
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}

@@ -25,7 +25,7 @@ from gridrpc.transport.bulk import (PREAMBLE, RESET, TO_CLIENT, BulkRefused, Out
 from gridrpc.transport.handshake import HandshakeWatch
 from gridrpc.transport.security import Security
 from tests.raw_peer import closing, reply_to, send
-from tests.security_site import Site
+from tests.security_site import Site, listening_ports
 
 MB = 1 << 20
 
@@ -141,13 +141,9 @@ def test_session_auth_stands_for_a_user_id():
 
 
 # -- real daemons ------------------------------------------------------------------
-def _listening(pid: int) -> set[int]:
-    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-
-
 def test_bulk_data_end_to_end_under_curve(secure_site):
     site = secure_site
-    before = _listening(site.sed.pid)
+    before = listening_ports(site.sed.pid)
     assert len(before) == 1                                      # the CURVE socket only
     a = np.random.default_rng(0).random(MB)                      # 8 MB
     with site.client("alice") as c:
@@ -159,7 +155,7 @@ def test_bulk_data_end_to_end_under_curve(secure_site):
         sizes = [c.call("echo", np.arange(n, dtype=np.int32)) for n in (0, 1, 16_384, 3_000_000)]
         assert [len(x) for x in sizes] == [0, 1, 16_384, 3_000_000] and sizes[-1][-1] == 2_999_999
         # the SeD bound a second port, and this client is connected to it
-        bulk = _listening(site.sed.pid) - before
+        bulk = listening_ports(site.sed.pid) - before
         assert len(bulk) == 1
         port = bulk.pop()
         mine = [x for x in psutil.Process().net_connections("tcp") if x.raddr and x.raddr.port == port]
@@ -337,11 +333,11 @@ def test_an_unknown_session_is_told_to_go_back_to_curve(secure_site):
 def test_plain_mode_has_no_bulk_path(tmp_path):
     site = Site(tmp_path, False)
     try:
-        before = _listening(site.sed.pid)
+        before = listening_ports(site.sed.pid)
         with site.client("alice") as c:
             a = np.random.default_rng(2).random(MB)
             assert np.array_equal(c.call("echo", a, server="sed-1"), a)
-        assert _listening(site.sed.pid) == before
+        assert listening_ports(site.sed.pid) == before
         with closing(site.raw("alice")) as (raw,):
             answer = _ask(raw, {"v": 1, "type": "bulk_open", "id": "open-plain", "route": "67" * 16})
         assert answer["type"] == "error" and "does not handle 'bulk_open'" in answer["error"]["message"]
@@ -373,7 +369,7 @@ def test_a_restarted_sed_is_reached_over_curve_again(secure_site):
         h = c.handle("echo", server="sed-9")
         for _ in range(3):
             assert np.array_equal(h(a), a)
-        assert len(_listening(first.pid)) == 2                    # the bulk port is up
+        assert len(listening_ports(first.pid)) == 2                    # the bulk port is up
         first.stop()
         site.pt.sed("sed-9", site.ma.address, "--keys", site.keys, "--secure", "--parent-key", "MA", port=port)
         wait_for(lambda: "sed-9" in {s.name for s in c.discover("echo", 10)}, 20, "sed-9 back")

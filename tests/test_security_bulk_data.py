@@ -13,13 +13,9 @@ import pytest
 
 import gridrpc
 from gridrpc.testing import wait_for
-from tests.security_site import Site
+from tests.security_site import Site, listening_ports
 
 MB = 1 << 20
-
-
-def _listening(pid: int) -> set[int]:
-    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
 def _data_bulk(c: gridrpc.Client):
@@ -28,7 +24,7 @@ def _data_bulk(c: gridrpc.Client):
 
 def test_put_and_get_go_through_the_bulk_session(secure_site):
     site = secure_site
-    before = _listening(site.sed.pid)
+    before = listening_ports(site.sed.pid)
     a = np.random.default_rng(0).random(MB)                      # 8 MB
     with site.client("alice") as c:
         stats = _data_bulk(c).stats
@@ -56,7 +52,7 @@ def test_put_and_get_go_through_the_bulk_session(secure_site):
                 assert np.array_equal(got, value)
         # the calls' own sessions are untouched by data: the data client opened its own
         assert c._aclient._bulk.stats["sent"] == 0
-        bulk = _listening(site.sed.pid) - before
+        bulk = listening_ports(site.sed.pid) - before
         assert len(bulk) == 1
         port = bulk.pop()
         mine = [x for x in psutil.Process().net_connections("tcp") if x.raddr and x.raddr.port == port]
@@ -115,7 +111,7 @@ def test_another_user_through_her_own_session_cannot_get_nor_free_the_ref(secure
 def test_plain_mode_data_has_no_bulk_path(tmp_path):
     site = Site(tmp_path, False)
     try:
-        before = _listening(site.sed.pid)
+        before = listening_ports(site.sed.pid)
         with site.client("alice") as c:
             a = np.random.default_rng(2).random(MB)
             for _ in range(3):
@@ -123,7 +119,7 @@ def test_plain_mode_data_has_no_bulk_path(tmp_path):
                 assert np.array_equal(c.get(ref), a)
                 c.free(ref)
             assert _data_bulk(c) is None and not c._aclient.secure
-        assert _listening(site.sed.pid) == before
+        assert listening_ports(site.sed.pid) == before
     finally:
         site.close()
 

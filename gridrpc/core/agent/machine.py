@@ -31,8 +31,9 @@ aggregator ranks the union and the best ``k`` go back.
 
 The state and its children's registry are here; the discovery and pushed
 view transitions in :mod:`gridrpc.core.agent.discovery`, the catalogue, tree
-and statistics output in :mod:`gridrpc.core.agent.catalogue`; every name is
-importable from here.
+and statistics output in :mod:`gridrpc.core.agent.catalogue`; the
+vocabulary, roles and budget rules the runtimes use are importable from
+here too.
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class CallPolicy:
     @property
     def ack_ms(self) -> int:
         """``ack_timeout`` in ms, sent with each CALL: a SeD may hold the
-        ACCEPTED of a queued call for a small share of it (``sed.calls.receive.ack_delay``)."""
+        ACCEPTED of a queued call for a small share of it (``core.sed_calls.ack_delay``)."""
         return int(self.ack_timeout * 1000)
 
 

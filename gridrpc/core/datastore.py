@@ -145,8 +145,8 @@ class DataStore:
         self.used = {Where.MEMORY: 0, Where.DISK: 0}
         self.counts = {"put": 0, "spilled": 0, "evicted": 0, "freed": 0, "refused": 0}
         self._seq = 0
-        self._held: dict[str, int] = {}      # owner -> bytes held (memory and disk), kept as entries change
-        self._held_order = HeldOrder()       # the same, sorted by bytes held
+        self._held_order = HeldOrder()       # owner -> bytes held (memory and disk), and sorted by them
+        self._held = self._held_order.held
         self._order = VictimOrder(self._key, (Where.MEMORY, Where.DISK))   # the possible victims, in order
 
     # -- queries ----------------------------------------------------------------------------
@@ -307,19 +307,10 @@ class DataStore:
         self._order.place(e, e.where is not Where.PENDING and e.pins == 0 and e.mode is not Mode.STICKY)
 
     def _hold(self, owner: str, size: int) -> None:
-        before = self._held.get(owner)
-        self._held[owner] = after = (before or 0) + size
-        self._held_order.moved(owner, before, after)
+        self._held_order.add(owner, size)
 
     def _unhold(self, owner: str, size: int) -> None:
-        before = self._held.get(owner)
-        left = (before or 0) - size
-        if left > 0:
-            self._held[owner] = left
-            self._held_order.moved(owner, before, left)
-        elif before is not None:
-            del self._held[owner]
-            self._held_order.moved(owner, before, None)
+        self._held_order.add(owner, -size)
 
     def _remove(self, e: Entry, reason: str) -> Freed:
         where = e.where

@@ -120,17 +120,25 @@ def _after(group: SortedDict | None, k) -> tuple | None:
 
 
 class HeldOrder:
-    """The owners holding data, sorted by the bytes they hold."""
+    """The bytes each owner holds (:attr:`held`, only owners holding some), and the owners
+    sorted by them."""
 
     def __init__(self) -> None:
+        self.held: dict[str, int] = {}
         self.sorted = SortedKeyList(key=lambda t: t[0])   # (held, owner)
 
-    def moved(self, owner: str, before: int | None, after: int | None) -> None:
-        """``owner`` held ``before`` bytes and now ``after`` (None: not holding)."""
+    def add(self, owner: str, delta: int) -> None:
+        """``owner`` holds ``delta`` bytes more (less, when negative): an owner who puts a value
+        holds, even 0 bytes; one whose data goes down to 0 bytes no longer does."""
+        before = self.held.get(owner)
+        after = (before or 0) + delta
         if before is not None:
             self.sorted.remove((before, owner))
-        if after is not None:
+        if after > 0 or (delta >= 0 and after == 0):
+            self.held[owner] = after
             self.sorted.add((after, owner))
+        else:
+            self.held.pop(owner, None)
 
     def over(self, share: float) -> list[str]:
         """The owners holding more than ``share`` bytes."""

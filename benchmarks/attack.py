@@ -50,7 +50,7 @@ import gridrpc
 from gridrpc.core import messages as m
 from gridrpc.core.messages import MsgType
 
-from .procs import Procs, wait_registered
+from .procs import Procs, cpu_seconds, wait_registered
 
 #: the floods, by name (``--only``)
 KINDS = ("sources", "big", "tiny", "deep", "discover", "calls")
@@ -215,22 +215,6 @@ def _summary(lat: list, failed: dict) -> dict:
             "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3 if lat else None, "failed": failed}
 
 
-def _cpu_seconds(pid: int, children: bool) -> float:
-    try:
-        p = psutil.Process(pid)
-        procs = [p, *(p.children(recursive=True) if children else ())]
-    except psutil.Error:
-        return 0.0
-    total = 0.0
-    for q in procs:
-        try:
-            t = q.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
 class Cpu:
     """CPU seconds used by each party (daemons with their workers, the
     attackers' processes, alice's client) and by the whole machine, summed
@@ -245,9 +229,9 @@ class Cpu:
     def _snap(self) -> dict:
         t = psutil.cpu_times()
         return {"wall_s": time.monotonic(), "machine_s": sum(t) - t.idle - getattr(t, "iowait", 0.0),
-                "attackers_s": sum(_cpu_seconds(p, False) for p in self.attackers),
-                "alice_s": _cpu_seconds(os.getpid(), False),
-                **{n: _cpu_seconds(pid, True) for n, pid in self.daemons.items()}}
+                "attackers_s": sum(cpu_seconds(p, False) for p in self.attackers),
+                "alice_s": cpu_seconds(os.getpid(), False),
+                **{n: cpu_seconds(pid) for n, pid in self.daemons.items()}}
 
     def begin(self) -> None:
         self._at = self._snap()

@@ -22,7 +22,7 @@ import psutil
 
 import gridrpc
 
-from .procs import Procs, wait_registered
+from .procs import Procs, cpu_seconds, wait_registered
 
 
 def _tree(procs: Procs, secure: bool) -> tuple[str, dict, psutil.Process]:
@@ -32,18 +32,6 @@ def _tree(procs: Procs, secure: bool) -> tuple[str, dict, psutil.Process]:
     kw = {"keys": str(keys), "user": "bench"} if keys else {}
     wait_registered(ma.address, 1, 30, **kw)
     return ma.address, kw, psutil.Process(sed.pid)
-
-
-def _cpu(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    total = t.user + t.system
-    for k in p.children(recursive=True):
-        try:
-            kt = k.cpu_times()
-            total += kt.user + kt.system
-        except psutil.Error:
-            pass
-    return total
 
 
 async def _round(plain, secure, calls: int, nbytes: int) -> dict:
@@ -61,10 +49,10 @@ async def _round(plain, secure, calls: int, nbytes: int) -> dict:
         me = psutil.Process()
         for _ in range(calls):
             for k, h in handles.items():
-                c0, s0, t0 = me.cpu_times(), _cpu(seds[k]), time.perf_counter()
+                c0, s0, t0 = me.cpu_times(), cpu_seconds(seds[k]), time.perf_counter()
                 back = await h(a)
                 times[k].append(time.perf_counter() - t0)
-                c1, s1 = me.cpu_times(), _cpu(seds[k])
+                c1, s1 = me.cpu_times(), cpu_seconds(seds[k])
                 cpu[k][0] += c1.user + c1.system - c0.user - c0.system
                 cpu[k][1] += s1 - s0
                 assert back.shape == a.shape and back[-1] == a[-1]
@@ -92,10 +80,10 @@ async def _put_get_round(plain, secure, calls: int, nbytes: int) -> dict:
         me = psutil.Process()
         for _ in range(calls):
             for k, (c, srv) in clients.items():
-                c0, s0, t0 = me.cpu_times(), _cpu(seds[k]), time.perf_counter()
+                c0, s0, t0 = me.cpu_times(), cpu_seconds(seds[k]), time.perf_counter()
                 ref, back = await put_get(c, srv)
                 times[k].append(time.perf_counter() - t0)
-                c1, s1 = me.cpu_times(), _cpu(seds[k])
+                c1, s1 = me.cpu_times(), cpu_seconds(seds[k])
                 cpu[k][0] += c1.user + c1.system - c0.user - c0.system
                 cpu[k][1] += s1 - s0
                 assert back.shape == a.shape and back[-1] == a[-1]

@@ -26,6 +26,25 @@ TOKEN_VAR = "GRIDRPC_BENCH_TOKEN"
 TOKEN = os.environ.get(TOKEN_VAR) or uuid.uuid4().hex
 
 
+def cpu_seconds(proc, children: bool = True) -> float:
+    """User + system CPU seconds of ``proc`` (a pid or a psutil.Process), with its descendants'
+    when ``children`` (a SeD with its workers); 0 for a process that is gone."""
+    import psutil
+    try:
+        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        procs = [p, *(p.children(recursive=True) if children else ())]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for q in procs:
+        try:
+            t = q.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env[TOKEN_VAR] = TOKEN

@@ -24,19 +24,7 @@ import psutil
 
 import gridrpc
 
-from .procs import Procs
-
-
-def _cpu(ps: psutil.Process) -> float:
-    t = ps.cpu_times()
-    s = t.user + t.system
-    for ch in ps.children(recursive=True):
-        try:
-            ct = ch.cpu_times()
-            s += ct.user + ct.system
-        except psutil.Error:
-            pass
-    return s
+from .procs import Procs, cpu_seconds
 
 
 async def _run(address: str, ps: psutil.Process, n: int, window: int, repeat: int) -> dict:
@@ -56,10 +44,10 @@ async def _run(address: str, ps: psutil.Process, n: int, window: int, repeat: in
         seq.sort()
         rounds = []
         for _ in range(repeat):
-            c0, m0, t0 = _cpu(ps), time.process_time(), time.perf_counter()
+            c0, m0, t0 = cpu_seconds(ps), time.process_time(), time.perf_counter()
             await asyncio.gather(*(one() for _ in range(n)))
             dt = time.perf_counter() - t0
-            rounds.append({"calls_per_s": n / dt, "sed_us": (_cpu(ps) - c0) / n * 1e6,
+            rounds.append({"calls_per_s": n / dt, "sed_us": (cpu_seconds(ps) - c0) / n * 1e6,
                            "client_us": (time.process_time() - m0) / n * 1e6})
         rounds.sort(key=lambda r: r["calls_per_s"])
         return {**rounds[len(rounds) // 2], "rounds": [round(r["calls_per_s"]) for r in rounds],

@@ -285,7 +285,8 @@ def test_nothing_left_after_cancelling_a_running_call(before_shm):
         call = s.client.handle("hold", server=s.server).submit(a, 60)
         wait_for(lambda: s.lt.call(lambda: bool(s.sed.pool.by_call)), 10, "the call running")
         old = s.worker_pids()
-        assert memfd_maps(old[0])                   # the worker maps the argument's segment
+        # handed over is not yet read: the worker maps the argument's segment when it reads the call
+        wait_for(lambda: memfd_maps(old[0]), 10, "the worker mapping the argument's segment")
         assert call.cancel() is True
         with pytest.raises(gridrpc.CallCancelled):
             call.result(30)
